@@ -1,0 +1,11 @@
+"""aotpack: export a PyTorch model, fuse and autotune its kernels ahead of time, and ship
+it as a versioned archive that a C++ runtime runs without Python.
+
+Pipeline stages, in order (see docs/layout.md): ``model_file`` -> ``export`` ->
+``lowering`` (over ``ir``) -> ``tiling`` -> ``kernel_codegen`` -> ``compile`` ->
+``autotune`` -> ``cpp_wrapper`` -> ``package``; ``runtime`` drives the native runtime.
+"""
+from aotpack.errors import AotpackError
+
+__version__ = "0.1.0"
+__all__ = ["AotpackError", "__version__"]

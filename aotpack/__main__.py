@@ -1,0 +1,5 @@
+import sys
+
+from aotpack.cli import main
+
+sys.exit(main())

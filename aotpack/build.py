@@ -1,0 +1,160 @@
+"""``aotpack build``: run every pipeline stage in order and write the archive.
+
+model file -> export -> lower/fuse -> TopN tilings -> compile candidates ->
+Python-mode run + PGO autotune -> CppWrapper codegen -> model.so -> archive.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from torch.utils._pytree import tree_leaves
+
+import aotpack
+from aotpack import autotune, compile as compile_stage, cpp_wrapper, package
+from aotpack.config import Settings
+from aotpack.errors import AotpackError
+from aotpack.export import check_version, export_model, load_model_file
+from aotpack.lowering import lower
+
+log = logging.getLogger("aotpack")
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: Build-time self-check of the Python-mode run against eager (float32 tolerance).
+PARITY_TOLERANCE = 1e-4
+
+
+@dataclass
+class BuildResult:
+    """What a build produced, with its timings in seconds."""
+
+    archive: Path
+    manifest: dict
+    seconds: dict = field(default_factory=dict)
+    max_abs_error: float = 0.0
+    compiled: int = 0
+
+
+def _signature(buffers, names) -> list[dict]:
+    return [{"name": n, "dtype": str(b.dtype).removeprefix("torch."), "shape": list(b.shape),
+             "strides": list(b.strides)} for n, b in zip(names, buffers)]
+
+
+def _output_signature(graph) -> list[dict]:
+    return [{"name": f"output_{i}", "dtype": str(base.dtype).removeprefix("torch."),
+             "shape": list(sizes), "strides": list(strides)}
+            for i, (base, sizes, strides, _) in enumerate(graph.outputs)]
+
+
+def _eager_reference(model_file) -> list[torch.Tensor]:
+    module = copy.deepcopy(model_file.module).eval()
+    with torch.no_grad():
+        out = module(*[t.clone() for t in model_file.example_inputs])
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _max_abs_error(ours: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    worst = 0.0
+    for a, b in zip(ours, reference):
+        if a.numel():
+            worst = max(worst, (a.double() - b.double()).abs().max().item())
+    return worst
+
+
+def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
+    entries, files = [], {}
+    for art in arts:
+        lit = cpp_wrapper.kernel_literal(art)
+        win = art.winner
+        entries.append({
+            "name": art.kernel.name, "kernel_key": win.kernel_key, "tiling_repr": win.repr,
+            "workspace": win.workspace, "block_dim": win.block_dim, "candidates": len(art.candidates),
+            "timings_us": [round(t, 3) for t in art.timings_us], "visited": art.visited,
+            "lib_kernel": lit.lib_kernel, "wrapper": lit.wrapper,
+        })
+        kernel_dir = art.kernel_dir(win)
+        files[lit.lib_kernel] = (kernel_dir / "kernel.so").read_bytes()
+        files[lit.lib_kernel.replace("kernel.so", "kernel.cpp")] = (kernel_dir / "kernel.cpp").read_bytes()
+        files[lit.wrapper] = art.wrapper_path.read_bytes()
+        files[f"{lit.kernel_dir}/wrapper.cpp"] = (art.directory / "wrapper.cpp").read_bytes()
+        files[f"{lit.kernel_dir}/optimize_tiling"] = art.optimize_tiling_path.read_bytes()
+    return entries, files
+
+
+def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
+          version: str | None = None, settings: Settings | None = None) -> BuildResult:
+    """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file.
+
+    Raises:
+        AotpackError: any problem the user can fix (bad model file, export failure,
+            unsupported construct, bad setting); nothing is left in ``out_dir``.
+    """
+    settings = settings or Settings.from_env()
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    model_file = load_model_file(model_path)
+    name = name or model_file.path.stem
+    if not NAME_PATTERN.match(name):
+        raise AotpackError(f"name {name!r} must be letters, digits, '_', '.' or '-'; pass --name")
+    version = check_version(version or model_file.version or "0.1.0")
+    target = Path(out_dir) / f"{name}-{version}.aotpack"
+
+    ep = export_model(model_file)
+    seconds["export"] = time.perf_counter() - start
+    graph = lower(ep)
+    seconds["lower"] = time.perf_counter() - start - seconds["export"]
+    log.info("lowered %s: %d fused kernels, %d steps", name, len(graph.kernels), len(graph.steps))
+
+    isa = compile_stage.target_isa(settings.march)
+    arts, art_of = compile_stage.prepare(graph.kernels, settings.topn, settings.device_limit,
+                                         settings.march, settings.cache_dir)
+    tic = time.perf_counter()
+    locks = compile_stage.lock_all(arts)
+    try:
+        compiled = compile_stage.compile_all(arts, settings.march, settings.compile_threads)
+        seconds["compile_kernels"] = time.perf_counter() - tic
+        tic = time.perf_counter()
+        outputs = autotune.run_python_mode(graph, art_of, model_file.example_inputs)
+        autotune.finish_unvisited(arts)
+        seconds["autotune"] = time.perf_counter() - tic
+    finally:
+        for lock in locks:
+            lock.release()
+    error = _max_abs_error(outputs, _eager_reference(model_file))
+    log.info("Python-mode run vs eager: max abs error %.3g", error)
+    if error > PARITY_TOLERANCE:
+        log.warning("Python-mode outputs differ from eager by %.3g (> %g)", error, PARITY_TOLERANCE)
+
+    meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
+            "device_limit": settings.device_limit}
+    source = cpp_wrapper.generate(graph, arts, art_of, meta)
+    with tempfile.TemporaryDirectory(prefix="aotpack-model-") as work:
+        model_so, seconds["compile_model_so"] = cpp_wrapper.compile_model(source, Path(work))
+        files = {package.MODEL_LIBRARY: model_so.read_bytes(), package.MODEL_SOURCE: source.encode()}
+    constants = {b.name: graph.constant_tensors[b.name] for b in graph.constants}
+    files[package.WEIGHTS] = safetensors.torch.save(constants) if constants else safetensors.torch.save({})
+    entries, kernel_files = _kernel_entries(arts)
+    files.update(kernel_files)
+    manifest = {
+        "format_version": package.FORMAT_VERSION, "name": name, "version": version,
+        "aotpack_version": aotpack.__version__, "torch_version": torch.__version__.split("+")[0],
+        "backend": "cpu", "target_isa": isa, "device_limit": settings.device_limit,
+        "model": {"library": package.MODEL_LIBRARY, "source": package.MODEL_SOURCE,
+                  "abi_version": cpp_wrapper.MODEL_ABI_VERSION},
+        "constants": _signature(graph.constants, [b.name for b in graph.constants]),
+        "inputs": _signature(graph.inputs, [b.name for b in graph.inputs]),
+        "outputs": _output_signature(graph),
+        "mutated_buffers": graph.mutated_buffers,
+        "kernels": entries,
+    }
+    package.write_archive(target, manifest, files)
+    seconds["total"] = time.perf_counter() - start
+    log.info("wrote %s (%d kernels, %d compiled, %.1f s)", target, len(arts), compiled, seconds["total"])
+    return BuildResult(target, manifest, seconds, error, compiled)

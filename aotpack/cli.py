@@ -1,0 +1,98 @@
+"""The ``aotpack`` command: build, run, inspect."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from aotpack.config import Settings
+from aotpack.errors import AotpackError
+
+log = logging.getLogger("aotpack")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aotpack", description=__doc__)
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="export, fuse, autotune and package a model file")
+    b.add_argument("model", help="model file defining model() and example_inputs()")
+    b.add_argument("-o", "--output-dir", default="dist", help="where the archive goes (default: dist)")
+    b.add_argument("--name", help="archive name (default: the model file's stem)")
+    b.add_argument("--version", help="semantic version X.Y.Z (default: the file's __version__ or 0.1.0)")
+    b.add_argument("--topn", help="candidate tilings per kernel, 1-10 (env AOTPACK_AUTOTUNE_TOPN, default 1)")
+    b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
+    b.add_argument("--march", default=None, help="target ISA for -march (default: native)")
+    b.add_argument("--cache-dir", help="kernel cache (env AOTPACK_CACHE_DIR)")
+    b.add_argument("--debug-dir", help="keep generated sources here (env AOTPACK_DEBUG=1)")
+
+    r = sub.add_parser("run", help="run an archive with the native C++ runtime")
+    r.add_argument("archive")
+    r.add_argument("--inputs", nargs="+", required=True, help=".npy files, one per model input")
+    r.add_argument("--output", help="write outputs to this .npz")
+    r.add_argument("--bench", type=int, default=0, help="time N runs and print latency")
+    r.add_argument("--device-limit", type=int, default=0)
+
+    i = sub.add_parser("inspect", help="print an archive's manifest summary")
+    i.add_argument("archive")
+    i.add_argument("--json", action="store_true", help="print the whole manifest")
+    return parser
+
+
+def _build(args) -> int:
+    from aotpack.build import build
+
+    settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, march=args.march,
+                                 cache_dir=args.cache_dir, debug_dir=args.debug_dir)
+    result = build(args.model, args.output_dir, args.name, args.version, settings)
+    times = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
+    print(f"{result.archive}  ({times})")
+    return 0
+
+
+def _run(args) -> int:
+    from aotpack.runtime import run_archive
+
+    result = run_archive(args.archive, args.inputs, args.output, args.bench, args.device_limit)
+    sys.stdout.write(result.stdout)
+    return 0
+
+
+def _inspect(args) -> int:
+    from aotpack.package import read_manifest
+
+    manifest = read_manifest(Path(args.archive))
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+        return 0
+    print(f"{manifest['name']} {manifest['version']}  (format {manifest['format_version']}, "
+          f"backend {manifest['backend']}, torch {manifest['torch_version']}, "
+          f"-march={manifest['target_isa']['march']}, device limit {manifest['device_limit']})")
+    for kind in ("inputs", "outputs"):
+        for t in manifest[kind]:
+            print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{t['shape']}")
+    print(f"  {len(manifest['kernels'])} fused kernels:")
+    for k in manifest["kernels"]:
+        timing = ", ".join(f"{t:.2f}" for t in k["timings_us"]) or "not timed"
+        print(f"    {k['name']}: {k['tiling_repr']} (key {k['kernel_key'][:12]}, "
+              f"{k['candidates']} candidates, us: {timing}{'' if k['visited'] else ', unvisited'})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="aotpack: %(message)s")
+    handlers = {"build": _build, "run": _run, "inspect": _inspect}
+    try:
+        return handlers[args.command](args)
+    except AotpackError as exc:
+        print(f"aotpack: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Every environment setting aotpack reads, parsed and validated in one place.
+
+Each setting has a CLI flag that overrides it (see docs/env_vars.md). Values are read
+when a build starts (``Settings.from_env``), never scattered through the code.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotpack.errors import AotpackError
+
+log = logging.getLogger("aotpack")
+
+#: Candidates requested from the tiling solver per kernel (the seed's AUTOTUNE_TOPN).
+MAX_TOPN = 10
+
+ENV_TOPN = "AOTPACK_AUTOTUNE_TOPN"
+ENV_CACHE_DIR = "AOTPACK_CACHE_DIR"
+ENV_DEVICE_LIMIT = "AOTPACK_DEVICE_LIMIT"
+ENV_COMPILE_THREADS = "AOTPACK_COMPILE_THREADS"
+ENV_DEBUG = "AOTPACK_DEBUG"
+ENV_RUNTIME = "AOTPACK_RUNTIME"
+
+
+def parse_topn(raw: str | int, source: str = ENV_TOPN) -> int:
+    """Validate a TopN setting: a positive integer, clamped to ``MAX_TOPN`` with a warning.
+
+    Raises:
+        AotpackError: ``"<source> must be a positive integer"`` for a non-integer,
+            ``"<source> must be >= 1"`` for zero or a negative number.
+    """
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise AotpackError(f"{source} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise AotpackError(f"{source} must be >= 1, got {value}")
+    if value > MAX_TOPN:
+        log.warning("%s=%d exceeds the maximum of %d candidates; using %d",
+                    source, value, MAX_TOPN, MAX_TOPN)
+        value = MAX_TOPN
+    return value
+
+
+def available_cores() -> int:
+    """Cores this process may use: the affinity mask bounded by the cgroup CPU quota."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def parse_device_limit(raw: str | int | None, source: str = ENV_DEVICE_LIMIT) -> int:
+    """Cores the kernels may use (block_dim upper bound); ``None``/empty = all available.
+
+    Read once in the parent process and shipped to compile workers, as the seed does.
+
+    Raises:
+        AotpackError: for a non-integer or a value < 1.
+    """
+    cores = available_cores()
+    if raw is None or str(raw).strip() == "":
+        return cores
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise AotpackError(f"{source} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise AotpackError(f"{source} must be >= 1, got {value}")
+    if value > cores:
+        log.warning("%s=%d exceeds the %d cores available here; using %d", source, value, cores, cores)
+    return min(value, cores)
+
+
+def default_cache_dir() -> Path:
+    """``$AOTPACK_CACHE_DIR`` or ``$XDG_CACHE_HOME/aotpack`` (``~/.cache/aotpack``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "aotpack"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Build settings; every field has an environment variable and a CLI flag."""
+
+    topn: int = 1
+    cache_dir: Path = Path()
+    device_limit: int = 1
+    compile_threads: int = 2
+    debug_dir: Path | None = None
+    march: str = "native"
+
+    @staticmethod
+    def from_env(**overrides) -> "Settings":
+        """Settings from the environment; keyword arguments (CLI flags) win when not None."""
+        env = os.environ
+        topn = overrides.get("topn")
+        topn = parse_topn(topn, "--topn") if topn is not None else parse_topn(env.get(ENV_TOPN, "1"))
+        limit = overrides.get("device_limit")
+        limit = (parse_device_limit(limit, "--device-limit") if limit is not None
+                 else parse_device_limit(env.get(ENV_DEVICE_LIMIT)))
+        threads_raw = env.get(ENV_COMPILE_THREADS, str(available_cores()))
+        try:
+            threads = max(1, int(threads_raw))
+        except ValueError:
+            raise AotpackError(f"{ENV_COMPILE_THREADS} must be a positive integer, got {threads_raw!r}") from None
+        cache = overrides.get("cache_dir") or env.get(ENV_CACHE_DIR) or default_cache_dir()
+        debug = overrides.get("debug_dir") or (Path("aotpack_debug") if env.get(ENV_DEBUG) == "1" else None)
+        return Settings(topn=topn, cache_dir=Path(cache), device_limit=limit,
+                        compile_threads=threads, debug_dir=Path(debug) if debug else None,
+                        march=overrides.get("march") or "native")

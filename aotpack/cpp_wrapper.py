@@ -1,0 +1,270 @@
+"""Stage: CppWrapper codegen. Render the model's C++ after autotuning and compile it.
+
+``templates/model.cpp.j2`` holds the frame (handles, kernel state objects, the C
+entry points of ``model_abi.h``); this module turns the lowered graph's steps into the
+lines of ``run()``: buffer allocation, kernel launches with the winning ``kernel_key``,
+extern calls through the host's dispatcher entry, mutation write-back and outputs.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from aotpack.compile import CXX, compile_so, write_atomic
+from aotpack.errors import AotpackError
+from aotpack.ir import Buffer, CopyBack, ExternCall, Graph, KernelCall
+from aotpack.templates import NATIVE_INCLUDE_DIR, render
+
+log = logging.getLogger("aotpack")
+
+MODEL_ABI_VERSION = 1
+MODEL_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17", f"-I{NATIVE_INCLUDE_DIR}"]
+
+#: torch dtype -> c10::ScalarType code (AotpackDType in model_abi.h).
+DTYPE_CODES = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15,
+}
+MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1,
+                  torch.channels_last: 2, torch.channels_last_3d: 3}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """c10::ScalarType code of ``dtype``.
+
+    Raises:
+        AotpackError: dtype the archive format does not carry (e.g. complex).
+    """
+    if dtype not in DTYPE_CODES:
+        raise AotpackError(f"dtype {dtype} is not supported in model inputs, outputs or buffers")
+    return DTYPE_CODES[dtype]
+
+
+@dataclass
+class KernelLiteral:
+    """What the C++ bakes in for one kernel (paths are inside the archive)."""
+
+    name: str
+    wrapper: str
+    kernel_dir: str
+    lib_kernel: str
+    kernel_key: str
+
+
+def kernel_literal(art) -> KernelLiteral:
+    folder = f"kernels/{art.kernel.name}"
+    key = art.winner.kernel_key
+    return KernelLiteral(art.kernel.name, f"{folder}/wrapper.so", folder,
+                         f"{folder}/static_kernel/{key}/kernel.so", key)
+
+
+def _dims(values) -> str:
+    return "{" + ", ".join(str(int(v)) for v in values) + "}"
+
+
+class RunEmitter:
+    """Builds the body of ``run()`` from the graph's steps."""
+
+    def __init__(self, graph: Graph, kernel_index: dict[int, int]):
+        self.graph = graph
+        self.kernel_index = kernel_index
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self.ops: list[tuple[str, str]] = []
+        self.temp = 0
+
+    def name(self, buf: Buffer) -> str:
+        return self.names[id(buf)]
+
+    def _tmp(self) -> str:
+        self.temp += 1
+        return f"v{self.temp}"
+
+    def tensor_ref(self, parts) -> str:
+        """C++ expression for a view (base, sizes, strides, offset): the base itself or a view."""
+        base, sizes, strides, offset = parts
+        if tuple(sizes) == base.shape and tuple(strides) == base.strides and offset == 0:
+            return self.name(base)
+        tmp = self._tmp()
+        self.lines.append(f"Tensor {tmp} = view({self.name(base)}, {_dims(sizes)}, {_dims(strides)}, {offset});")
+        return tmp
+
+    def emit(self) -> list[str]:
+        for i, buf in enumerate(self.graph.inputs):
+            self.names[id(buf)] = f"in{i}"
+            self.lines.append(f"Tensor in{i} = conform(Tensor(inputs[{i}], false), {_dims(buf.shape)}, "
+                              f"{_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+        for i, buf in enumerate(self.graph.constants):
+            self.names[id(buf)] = f"c{i}"
+            self.lines.append(f"Tensor c{i}(m.constants[{i}], false);")
+        last_use = self._last_uses()
+        for index, step in enumerate(self.graph.steps):
+            self.lines.append("{")
+            if isinstance(step, KernelCall):
+                self._kernel(step)
+            elif isinstance(step, ExternCall):
+                self._extern(step)
+            elif isinstance(step, CopyBack):
+                self._copy_back(step)
+            self.lines.append("}")
+            for buf_id in last_use.get(index, []):
+                self.lines.append(f"{self.names[buf_id]}.reset();")
+        for i, parts in enumerate(self.graph.outputs):
+            base, sizes, strides, offset = parts
+            self.lines.append(f"outputs[{i}] = nullptr;")
+        for i, parts in enumerate(self.graph.outputs):
+            base, sizes, strides, offset = parts
+            self.lines.append(f"check(g_host->as_strided({self.name(base)}.get(), {len(sizes)}, Dims{_dims(sizes)}.data(), "
+                              f"Dims{_dims(strides)}.data(), {offset}, &outputs[{i}]), \"returning output {i}\");")
+        return self.lines
+
+    def _declare(self, buf: Buffer) -> None:
+        self.names[id(buf)] = f"b_{buf.name}"
+        # declared at function scope so later steps see it
+        self.lines.insert(self._decl_pos(), f"Tensor b_{buf.name};")
+
+    def _decl_pos(self) -> int:
+        return len(self.graph.inputs) + len(self.graph.constants)
+
+    def _kernel(self, step: KernelCall) -> None:
+        kernel = step.kernel
+        for buf in kernel.outputs:
+            self._declare(buf)
+            self.lines.append(f"b_{buf.name} = alloc({_dims(buf.shape)}, {_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+        args = [f"ptr({self.name(b)})" for b in kernel.inputs + kernel.outputs]
+        self.lines.append(f"void* const args[] = {{{', '.join(args)}}};")
+        self.lines.append(f"m.kernels[{self.kernel_index[id(kernel)]}].launch(args);  // {kernel.name}")
+
+    def _op_slot(self, op) -> int:
+        key = (op._schema.name, op._schema.overload_name)
+        if key not in self.ops:
+            self.ops.append(key)
+        return self.ops.index(key)
+
+    def _extern(self, step: ExternCall) -> None:
+        arg_exprs = [self._arg(arg) for arg in step.args]
+        self.lines.append(f"const AotpackArg a[] = {{{', '.join(arg_exprs) or 'arg_none()'}}};")
+        count = len(step.outputs)
+        self.lines.append(f"AotpackTensor outs[{max(count, 1)}] = {{}};")
+        slot = self._op_slot(step.op)
+        self.lines.append(f"check(g_host->call_op(m.ops[{slot}], a, {len(arg_exprs)}, outs, {count}), "
+                          f"\"{step.op}\");")
+        for i, buf in enumerate(step.outputs):
+            if buf is None:
+                self.lines.append(f"g_host->release(outs[{i}]);")
+                continue
+            self._declare(buf)
+            self.lines.append(f"b_{buf.name} = conform(Tensor(outs[{i}], true), {_dims(buf.shape)}, "
+                              f"{_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+
+    def _arg(self, arg) -> str:
+        kind, value = arg.kind, arg.value
+        if kind == "tensor":
+            return f"arg_tensor({self.tensor_ref(value)})"
+        if kind == "tensor_list":
+            refs = ["nullptr" if p is None else f"{self.tensor_ref(p)}.get()" for p in value]
+            tmp = self._tmp()
+            self.lines.append(f"const std::vector<AotpackTensor> {tmp} = {{{', '.join(refs)}}};")
+            return f"arg_tensors({tmp})"
+        if kind in ("int_list", "bool_list"):
+            tmp = self._tmp()
+            self.lines.append(f"const Dims {tmp} = {_dims(value)};")
+            return f"arg_ints({tmp}, AOTPACK_ARG_{kind.upper()})"
+        if kind == "double_list":
+            tmp = self._tmp()
+            self.lines.append(f"const std::vector<double> {tmp} = {{{', '.join(repr(float(v)) for v in value)}}};")
+            return f"arg_doubles({tmp})"
+        if kind == "none":
+            return "arg_none()"
+        if kind == "int":
+            return f"arg_int({int(value)}LL)"
+        if kind == "bool":
+            return f"arg_int({int(value)}, AOTPACK_ARG_BOOL)"
+        if kind == "double":
+            text = repr(float(value))
+            if text in ("inf", "-inf", "nan"):
+                text = {"inf": "__builtin_inf()", "-inf": "-__builtin_inf()", "nan": "__builtin_nan(\"\")"}[text]
+            return f"arg_double({text})"
+        if kind == "scalar_type":
+            return f"arg_int({dtype_code(value)}, AOTPACK_ARG_SCALAR_TYPE)"
+        if kind == "layout":
+            if value != torch.strided:
+                raise AotpackError(f"layout {value} is not supported; use dense (strided) tensors")
+            return "arg_int(0, AOTPACK_ARG_LAYOUT)"
+        if kind == "memory_format":
+            return f"arg_int({MEMORY_FORMATS[value]}, AOTPACK_ARG_MEMORY_FORMAT)"
+        if kind == "device":
+            return f"arg_str(\"{value}\", AOTPACK_ARG_DEVICE)"
+        if kind == "string":
+            escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+            return f"arg_str(\"{escaped}\")"
+        raise AotpackError(f"internal error: argument kind {kind}")
+
+    def _copy_back(self, step: CopyBack) -> None:
+        src = step.source
+        ref = self.tensor_ref((src.base, src.shape, src.strides, src.offset))
+        self.lines.append(f"check(g_host->copy_({self.name(step.target)}.get(), {ref}.get()), "
+                          f"\"writing back mutated {step.target.name}\");")
+
+    def _last_uses(self) -> dict[int, list[int]]:
+        """step index -> buffers (ids) that no later step or output reads."""
+        keep = {id(parts[0]) for parts in self.graph.outputs}
+        keep |= {id(b) for b in self.graph.inputs + self.graph.constants}
+        last: dict[int, int] = {}
+        for index, step in enumerate(self.graph.steps):
+            for buf in _step_buffers(step):
+                last[id(buf)] = index
+        by_step: dict[int, list[int]] = {}
+        for buf_id, index in last.items():
+            if buf_id not in keep:
+                by_step.setdefault(index, []).append(buf_id)
+        return by_step
+
+
+def _step_buffers(step) -> list[Buffer]:
+    if isinstance(step, KernelCall):
+        return step.kernel.inputs + step.kernel.outputs
+    if isinstance(step, ExternCall):
+        found = [b for b in step.outputs if b is not None]
+        for arg in step.args:
+            if arg.kind == "tensor":
+                found.append(arg.value[0])
+            elif arg.kind == "tensor_list":
+                found.extend(p[0] for p in arg.value if p is not None)
+        return found
+    if isinstance(step, CopyBack):
+        return [step.target, step.source.base]
+    return []
+
+
+def generate(graph: Graph, arts: list, art_of: dict[int, object], meta: dict) -> str:
+    """model.cpp for ``graph`` with each kernel's autotuned winner baked in.
+
+    Args:
+        arts: unique kernel artifacts (one ``KernelState`` each), winners chosen.
+        art_of: ``id(FusedKernel) -> artifacts``.
+        meta: name, version, aotpack_version, device_limit.
+    """
+    index_of_art = {id(a): i for i, a in enumerate(arts)}
+    kernel_index = {kid: index_of_art[id(a)] for kid, a in art_of.items()}
+    emitter = RunEmitter(graph, kernel_index)
+    lines = emitter.emit()
+    return render("model.cpp.j2", kernels=[kernel_literal(a) for a in arts], ops=emitter.ops,
+                  run_lines=lines, num_constants=len(graph.constants), num_inputs=len(graph.inputs),
+                  num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)
+
+
+def compile_model(source: str, workdir: Path) -> tuple[Path, float]:
+    """Compile model.cpp into model.so; returns (path, compile seconds)."""
+    src = workdir / "model.cpp"
+    write_atomic(src, source)
+    out = workdir / "model.so"
+    start = time.perf_counter()
+    compile_so(src, out, MODEL_FLAGS + ["-ldl"], None)
+    seconds = time.perf_counter() - start
+    log.info("compiled model.so in %.2f s (%s, no ATen headers)", seconds, CXX)
+    return out, seconds

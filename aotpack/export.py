@@ -1,0 +1,137 @@
+"""Stage 1: load the user's model file and export it with static shapes.
+
+Model file contract: ``model() -> torch.nn.Module`` and ``example_inputs() ->
+tuple[Tensor, ...]`` (the real inputs the kernels are tuned on); optional
+``__version__ = "X.Y.Z"``.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+from aotpack.errors import AotpackError
+
+log = logging.getLogger("aotpack")
+
+aten = torch.ops.aten
+SEMVER = re.compile(r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$")
+
+#: Composite ops broken up so their pieces fuse (row-wise softmax/layer_norm become
+#: reductions + pointwise). SDPA stays whole: it runs as an extern call (DESIGN.md §8).
+EXTRA_DECOMPOSITIONS = [aten.native_layer_norm, aten._softmax, aten._log_softmax, aten.gelu,
+                        aten.silu, aten.hardswish, aten.hardsigmoid, aten.native_batch_norm,
+                        aten._native_batch_norm_legit_no_training]
+KEEP_WHOLE = [aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu]
+
+
+@dataclass
+class ModelFile:
+    """What a model file provides: the module, its real inputs and its version."""
+
+    path: Path
+    module: torch.nn.Module
+    example_inputs: tuple
+    version: str | None
+
+
+def _fail(path: Path, problem: str) -> AotpackError:
+    return AotpackError(f"{path}: {problem}")
+
+
+def _user_frame(exc: BaseException, path: Path) -> str:
+    """'line N' of the deepest frame inside the model file, for error messages."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+    return f" (line {frames[-1].lineno})" if frames else ""
+
+
+def load_model_file(path: str | Path) -> ModelFile:
+    """Import a model file and call its ``model()`` and ``example_inputs()``.
+
+    Raises:
+        AotpackError: the file is missing or fails to import, a required function is
+            missing, or they return the wrong types; the message names the file.
+    """
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise _fail(path, "model file not found")
+    spec = importlib.util.spec_from_file_location(f"aotpack_model_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: report it, don't crash
+        raise _fail(path, f"importing the model file failed{_user_frame(exc, path)}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.path.remove(str(path.parent))
+    for name, signature in (("model", "def model() -> torch.nn.Module"),
+                            ("example_inputs", "def example_inputs() -> tuple[torch.Tensor, ...]")):
+        if not callable(getattr(module, name, None)):
+            raise _fail(path, f"missing function '{name}'; add `{signature}` to the model file")
+    try:
+        net = module.model()
+    except Exception as exc:
+        raise _fail(path, f"model() raised{_user_frame(exc, path)}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(net, torch.nn.Module):
+        raise _fail(path, f"model() must return a torch.nn.Module, got {type(net).__name__}")
+    try:
+        inputs = module.example_inputs()
+    except Exception as exc:
+        raise _fail(path, f"example_inputs() raised{_user_frame(exc, path)}: {type(exc).__name__}: {exc}") from exc
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if not isinstance(inputs, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise _fail(path, "example_inputs() must return a tuple of tensors")
+    version = getattr(module, "__version__", None)
+    return ModelFile(path, net, tuple(inputs), version)
+
+
+def check_version(version: str) -> str:
+    """Raises AotpackError unless ``version`` is semantic (``X.Y.Z``)."""
+    if not SEMVER.match(version):
+        raise AotpackError(f"version {version!r} is not a semantic version; use X.Y.Z, e.g. 1.0.0")
+    return version
+
+
+def decomposition_table() -> dict:
+    table = core_aten_decompositions()
+    table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
+    for op in KEEP_WHOLE:
+        for overload in [getattr(op, name) for name in op.overloads()] if hasattr(op, "overloads") else [op]:
+            table.pop(overload, None)
+    return table
+
+
+def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
+    """torch.export (static shapes) + decompositions, on a copy of the user's module.
+
+    ExportedProgram shares storage with the module it came from (DESIGN.md §8), so the
+    export works on a deep copy: the user's module and tensors are never modified.
+
+    Raises:
+        AotpackError: export failed; names the model file and torch's reason.
+    """
+    module = copy.deepcopy(model_file.module).eval()
+    inputs = tuple(t.clone() for t in model_file.example_inputs)
+    path = model_file.path
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(module, inputs, strict=False)
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise _fail(path, f"torch.export failed{_user_frame(exc, path)}: {type(exc).__name__}: "
+                          f"{first_line}; make forward() exportable with static shapes "
+                          "(see https://pytorch.org/docs/stable/export.html)") from exc
+    try:
+        return ep.run_decompositions(decomposition_table())
+    except Exception as exc:
+        raise _fail(path, f"decomposing the exported graph failed: {type(exc).__name__}: {exc}") from exc

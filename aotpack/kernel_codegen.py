@@ -1,0 +1,183 @@
+"""Render one fused kernel with one tiling into C++ source (the CPU static kernel).
+
+Every shape, stride and tiling parameter is a compile-time constant. The loop frame
+comes from ``templates/cpu_kernel.cpp.j2``; this module emits the loop bodies by
+calling the lazy values' ``load`` with a ``KernelContext`` (see ``ir``).
+
+Iteration domain: ``rows = prod(outer_shape)`` rows of ``inner_size`` elements.
+A kernel that reduces computes each reduction once per row, in a loop of its own
+before the row's write loop (softmax/layer_norm become one row kernel).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from aotpack.ir import C_TYPES, Buffer, FusedKernel, Index, Reduction, contiguous_strides
+from aotpack.templates import render
+
+
+#: Placeholder in a frozen body where a tiling's ``simdlen`` clause goes.
+SIMDLEN_MARK = "@SIMDLEN@"
+
+
+class NeedsRealize(Exception):
+    """A reduction is read at a row other than the kernel's own: it needs a buffer."""
+
+    def __init__(self, reduction: Reduction):
+        super().__init__("reduction read across rows")
+        self.reduction = reduction
+
+
+REDUCTION_INIT = {
+    "sum": "0",
+    "prod": "1",
+    "max": "-std::numeric_limits<{t}>::infinity()",
+    "min": "std::numeric_limits<{t}>::infinity()",
+}
+REDUCTION_COMBINE = {
+    "sum": ("+", "{acc} = {acc} + {v};"),
+    "prod": ("*", "{acc} = {acc} * {v};"),
+    "max": ("max", "{acc} = {acc} > {v} ? {acc} : {v};"),
+    "min": ("min", "{acc} = {acc} < {v} ? {acc} : {v};"),
+}
+
+
+class _Block:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.cse: dict[str, str] = {}
+
+
+class KernelContext:
+    """Collects the code of one kernel while lazy values emit into it.
+
+    ``load``/``emit`` return C variable names; expressions are common-subexpression
+    eliminated within the enclosing blocks.
+    """
+
+    def __init__(self, kernel: FusedKernel):
+        self.kernel = kernel
+        self.args: dict[int, tuple[str, Buffer]] = {}
+        self.counter = 0
+        self.row_block = _Block()
+        self.stack = [self.row_block]
+        self.reductions: dict[int, str] = {}
+        self.prologue: list[str] = []
+        self.outer_vars = [Index.var(f"i{k}", size) for k, size in enumerate(kernel.outer_shape)]
+
+    # -- helpers for values
+    def _new_var(self) -> str:
+        self.counter += 1
+        return f"t{self.counter}"
+
+    def emit(self, ctype: str, expr: str) -> str:
+        """``const ctype tN = expr;`` in the current block (or an existing equal one)."""
+        for block in reversed(self.stack):
+            if expr in block.cse:
+                return block.cse[expr]
+        name = self._new_var()
+        self.stack[-1].lines.append(f"const {ctype} {name} = {expr};")
+        self.stack[-1].cse[expr] = name
+        return name
+
+    def arg_name(self, buffer: Buffer) -> str:
+        key = id(buffer)
+        if key not in self.args:
+            self.args[key] = (f"in{len(self.args)}", buffer)
+        return self.args[key][0]
+
+    def load(self, buffer: Buffer, offset: Index) -> str:
+        return self.emit(C_TYPES[buffer.dtype], f"{self.arg_name(buffer)}[{offset.render()}]")
+
+    def reduction(self, red: Reduction, outer: list[Index]) -> str:
+        """Variable holding ``red`` for this row; computes it first if needed."""
+        if tuple(red.outer_shape) != tuple(self.kernel.outer_shape) or outer != self.outer_vars:
+            raise NeedsRealize(red)
+        if id(red) in self.reductions:
+            return self.reductions[id(red)]
+        saved, block = self.stack, _Block()
+        self.stack = [self.row_block, block]
+        ctype = C_TYPES[red.dtype]
+        acc = f"acc{len(self.reductions)}"
+        clause, combine = REDUCTION_COMBINE[red.kind]
+        index = self.outer_vars + [Index.var("j", red.reduce_size)]
+        value = red.source.load(self, index)
+        self.stack = saved
+        lines = [f"{ctype} {acc} = {REDUCTION_INIT[red.kind].format(t=ctype)};",
+                 f"#pragma omp simd reduction({clause}:{acc}){SIMDLEN_MARK}",
+                 f"for (int64_t j = 0; j < {red.reduce_size}; ++j) {{"]
+        lines += ["  " + line for line in block.lines]
+        lines += ["  " + combine.format(acc=acc, v=f"static_cast<{ctype}>({value})"), "}"]
+        result = acc
+        if red.scale != 1.0:
+            result = f"red{len(self.reductions)}"
+            lines.append(f"const {ctype} {result} = {acc} * static_cast<{ctype}>({red.scale!r});")
+        self.prologue.extend(lines)
+        self.reductions[id(red)] = result
+        return result
+
+
+@dataclass(frozen=True)
+class KernelBody:
+    """Generated pieces of one kernel for the template."""
+
+    args: list  # (c_name, ctype, is_output)
+    row_prologue: list[str]
+    reduction_lines: list[str]
+    write_lines: list[str]
+    write_is_row: bool
+    has_reduction: bool
+
+
+def build_body(kernel: FusedKernel) -> KernelBody:
+    """Emit the loads, math and stores of ``kernel`` (tiling-independent).
+
+    Lowering calls this once, when the kernel is created, and keeps the result in
+    ``kernel.body``: a lazy value realised later must not change what it reads.
+
+    Raises:
+        NeedsRealize: a reduction is read at another row; the caller gives it a buffer.
+    """
+    ctx = KernelContext(kernel)
+    write = _Block()
+    ctx.stack = [ctx.row_block, write]
+    write_is_row = True
+    stores = []
+    for out, value in zip(kernel.outputs, kernel.values):
+        if isinstance(value, Reduction):  # the kernel's own reduction (bypass .realized)
+            var = ctx.reduction(value, ctx.outer_vars)
+            stores.append(f"out{len(stores)}[r] = {var};")
+            write_is_row = False
+        else:
+            index = ctx.outer_vars + [Index.var("j", kernel.inner_size)]
+            if len(kernel.outer_shape) == len(value.shape):
+                index = ctx.outer_vars  # 0-d values: no inner dim
+            var = value.fn(ctx, index)
+            ctype = C_TYPES[out.dtype]
+            stores.append(f"out{len(stores)}[r * {kernel.inner_size} + j] = static_cast<{ctype}>({var});")
+    args = [(name, C_TYPES[buf.dtype], False) for name, buf in ctx.args.values()]
+    args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
+    kernel.inputs = [buf for _, buf in ctx.args.values()]
+    return KernelBody(args, ctx.row_block.lines, ctx.prologue, write.lines + stores,
+                      write_is_row, bool(ctx.reductions))
+
+
+def render_kernel(kernel: FusedKernel, tiling) -> str:
+    """C++ source of ``kernel`` compiled with ``tiling`` (a ``tiling.Tiling``)."""
+    body = kernel.body
+    clause = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
+    reduction_lines = [line.replace(SIMDLEN_MARK, clause) for line in body.reduction_lines]
+    rows = math.prod(kernel.outer_shape)
+    tile = min(tiling.inner_tile, kernel.inner_size) if body.write_is_row and not body.has_reduction \
+        else kernel.inner_size
+    tiles = -(-kernel.inner_size // tile)
+    outer = [(f"i{k}", stride, size)
+             for k, (stride, size) in enumerate(zip(contiguous_strides(kernel.outer_shape), kernel.outer_shape))
+             if size > 1]
+    return render(
+        "cpu_kernel.cpp.j2",
+        body=body, reduction_lines=reduction_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
+        items=rows * tiles, outer=outer, block_dim=tiling.block_dim,
+        chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.repr,
+    )

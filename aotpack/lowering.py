@@ -1,0 +1,556 @@
+"""Lower an exported, decomposed FX graph into the aotpack ``ir.Graph``.
+
+Pointwise ops (with broadcasting), views and innermost-dimension reductions stay lazy
+and fuse; a lazy value gets a buffer (``realize``) when an extern call or a graph
+output needs it, or when several users would otherwise recompute something costly.
+Every other op becomes an ``ExternCall`` into ATen, so any op torch.export produces
+runs, fused or not.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from aotpack import ops
+from aotpack.errors import AotpackError
+from aotpack.ir import (
+    C_TYPES, Buffer, CopyBack, ExternArg, ExternCall, FusedKernel, Graph, Index, KernelCall,
+    Lazy, Pointwise, Reduction, StridedView, Value, as_strided_parts, contiguous_strides,
+    flat_index, unflatten_index,
+)
+from aotpack.kernel_codegen import NeedsRealize, build_body
+
+log = logging.getLogger("aotpack")
+
+#: A lazy chain longer than this gets a buffer, to bound kernel size and compile time.
+MAX_FUSED_OPS = 48
+
+
+def _meta(node) -> Any:
+    return node.meta.get("val")
+
+
+def _literal(value, ctype: str) -> str:
+    """A Python scalar as a C++ expression of type ``ctype``."""
+    if isinstance(value, bool):
+        return f"static_cast<{ctype}>({'true' if value else 'false'})"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if math.isinf(value):
+            sign = "-" if value < 0 else ""
+            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+        return f"static_cast<{ctype}>({value!r})"
+    return f"static_cast<{ctype}>({int(value)}LL)"
+
+
+def _broadcast_index(value_shape, out_shape, index: list[Index]) -> list[Index]:
+    lead = len(out_shape) - len(value_shape)
+    return [Index.constant(0) if size == 1 else index[lead + d] for d, size in enumerate(value_shape)]
+
+
+class Lowerer:
+    """Walks the FX graph once, in order, building steps and kernels."""
+
+    def __init__(self, ep: ExportedProgram):
+        self.ep = ep
+        self.env: dict[Any, Any] = {}
+        self.steps: list = []
+        self.kernels: list[FusedKernel] = []
+        self.inputs: list[Buffer] = []
+        self.constants: list[Buffer] = []
+        self.constant_tensors: dict[str, torch.Tensor] = {}
+        self.counter = 0
+
+    # ------------------------------------------------------------------ entry
+    def run(self) -> Graph:
+        placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
+        for node, spec in zip(placeholders, self.ep.graph_signature.input_specs):
+            self.env[node] = self._placeholder(node, spec)
+        outputs, mutated = [], []
+        for node in self.ep.graph.nodes:
+            if node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                outputs, mutated = self._outputs(node)
+            elif node.op == "get_attr":
+                raise AotpackError(
+                    f"unsupported construct: submodule attribute '{node.target}' "
+                    "(control flow such as torch.cond is not supported yet); "
+                    "rewrite the model without it")
+        return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
+                     outputs, self.kernels, mutated)
+
+    def _placeholder(self, node, spec) -> Buffer:
+        val = _meta(node)
+        if spec.kind == InputKind.USER_INPUT:
+            if not isinstance(val, torch.Tensor):
+                raise AotpackError(f"input '{node.name}' is not a tensor ({type(val).__name__}); "
+                                   "example_inputs() must return a tuple of tensors")
+            buf = Buffer(node.name, tuple(val.shape), tuple(val.stride()), val.dtype, "input")
+            self.inputs.append(buf)
+            return buf
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            tensor = self.ep.state_dict.get(spec.target)
+            if tensor is None:
+                tensor = self.ep.constants[spec.target]
+            tensor = tensor.detach().contiguous().clone()
+            buf = Buffer(spec.target, tuple(tensor.shape), contiguous_strides(tensor.shape),
+                         tensor.dtype, "constant")
+            self.constants.append(buf)
+            self.constant_tensors[spec.target] = tensor
+            return buf
+        raise AotpackError(f"unsupported graph input kind {spec.kind.name} for '{node.name}'; "
+                           "only tensors, parameters and buffers are supported")
+
+    def _outputs(self, node):
+        results, mutated = [], []
+        values = node.args[0]
+        for value_node, spec in zip(values, self.ep.graph_signature.output_specs):
+            value = self.env[value_node] if hasattr(value_node, "op") else value_node
+            if not isinstance(value, Value):
+                raise AotpackError(f"model output {spec.arg.name} is not a tensor; return tensors only")
+            parts = self._strided(value)
+            if spec.kind == OutputKind.USER_OUTPUT:
+                results.append(parts)
+            elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
+                target = self._target_buffer(spec)
+                self.steps.append(CopyBack(target, StridedView(*parts)))
+                mutated.append(target.name)
+            else:
+                raise AotpackError(f"unsupported output kind {spec.kind.name}")
+        return results, mutated
+
+    def _target_buffer(self, spec) -> Buffer:
+        for buf in self.constants + self.inputs:
+            if buf.name == spec.target:
+                return buf
+        raise AotpackError(f"mutated tensor '{spec.target}' not found among inputs and buffers")
+
+    # ------------------------------------------------------------------ dispatch
+    def _call(self, node):
+        op = node.target
+        if op is __import__("operator").getitem:
+            return self.env[node.args[0]][node.args[1]]
+        if isinstance(op, torch._ops.HigherOrderOperator):
+            raise AotpackError(f"unsupported construct: {op.name()} (control flow) in node "
+                               f"'{node.name}'; aotpack does not lower control flow yet")
+        result = None
+        if self._fusable(node):
+            result = self._lower_fusable(node)
+        if result is None:
+            return self._extern(node)
+        if isinstance(result, Lazy) and result.realized is None:
+            self._maybe_realize(node, result)
+        return result
+
+    def _fusable(self, node) -> bool:
+        """All tensors involved have a dtype the C++ kernels compute in."""
+        tensors = [_meta(a) for a in node.all_input_nodes] + [_meta(node)]
+        flat = []
+        for t in tensors:
+            flat.extend(t if isinstance(t, (list, tuple)) else [t])
+        return all(isinstance(t, torch.Tensor) and t.dtype in C_TYPES for t in flat)
+
+    def _lower_fusable(self, node):
+        op = node.target
+        if op in ops.VIEWS:
+            return self._view(node)
+        if op in ops.COPIES:
+            return self._copy(node)
+        if op in ops.UNARY:
+            formula, expensive = ops.UNARY[op]
+            return self._pointwise(node, [node.args[0]], formula, expensive)
+        if op in ops.BINARY:
+            a, b = node.args[0], node.args[1]
+            alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+            if alpha != 1 and op in (torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor):
+                formula = ops.BINARY[op].replace("{1}", f"({{1}} * {_literal(alpha, '{t}')})")
+            else:
+                formula = ops.BINARY[op]
+            return self._pointwise(node, [a, b], formula, op in ops.EXPENSIVE_BINARY,
+                                   compare=op in ops.COMPARISONS)
+        if op is torch.ops.aten.where.self:
+            return self._pointwise(node, list(node.args[:3]), "({0} ? {1} : {2})", False, where=True)
+        if op in (torch.ops.aten.clamp.default, torch.ops.aten.clamp_min.default,
+                  torch.ops.aten.clamp_max.default):
+            return self._clamp(node)
+        if op is torch.ops.aten.gelu.default:
+            if node.kwargs.get("approximate", "none") != "none":
+                return None
+            return self._pointwise(node, [node.args[0]],
+                                   "({0} * static_cast<{t}>(0.5) * (static_cast<{t}>(1) + "
+                                   "std::erf({0} * static_cast<{t}>(0.7071067811865476))))", True)
+        if op in ops.REDUCTIONS:
+            return self._reduction(node)
+        if op is torch.ops.aten.var_mean.correction:
+            return self._var_mean(node)
+        return None
+
+    # ------------------------------------------------------------------ realize
+    def _maybe_realize(self, node, value: Lazy) -> None:
+        fanout = len(node.users)
+        costly = value.op_count >= 2 or value.expensive
+        if (fanout > 1 and costly) or value.op_count > MAX_FUSED_OPS:
+            self.realize(value)
+
+    def realize(self, value: Value) -> Buffer | StridedView:
+        """Give ``value`` storage: a fused kernel writes it into a contiguous buffer."""
+        if not isinstance(value, Lazy):
+            return value
+        if value.realized is not None:
+            return value.realized
+        shape = tuple(value.shape)
+        if isinstance(value, Reduction):
+            outer, inner = tuple(value.outer_shape), value.reduce_size
+        else:
+            outer, inner = (shape[:-1], shape[-1]) if shape else ((), 1)
+        self.counter += 1
+        buf = Buffer(f"buf{self.counter}", shape, contiguous_strides(shape), value.dtype, "kernel")
+        names = "_".join(dict.fromkeys(value.op_names)) or "copy"
+        base_name = f"fused_{names[:48]}"
+        kernel = FusedKernel(f"{base_name}_{self.counter}", base_name, [buf], [value], outer, inner, False)
+        while True:
+            try:
+                body = build_body(kernel)
+                break
+            except NeedsRealize as need:
+                self.realize(need.reduction)
+        kernel.body = body
+        kernel.has_reduction = body.has_reduction
+        value.realized = buf
+        self.kernels.append(kernel)
+        self.steps.append(KernelCall(kernel))
+        return buf
+
+    def _strided(self, value: Value) -> tuple:
+        parts = as_strided_parts(value)
+        if parts is None:
+            self.realize(value)
+            parts = as_strided_parts(value)
+        return parts
+
+    # ------------------------------------------------------------------ pointwise
+    def _operand(self, arg):
+        return self.env[arg] if hasattr(arg, "op") else arg
+
+    def _compute_dtype(self, node, operands, compare: bool) -> torch.dtype:
+        out = _meta(node).dtype
+        if not compare:
+            return out
+        tensors = [v.dtype for v in operands if isinstance(v, Value)]
+        dtype = tensors[0]
+        for other in tensors[1:]:
+            dtype = torch.promote_types(dtype, other)
+        if any(isinstance(v, float) for v in operands) and not dtype.is_floating_point:
+            dtype = torch.get_default_dtype()
+        return dtype
+
+    def _pointwise(self, node, args, formula: str, expensive: bool, compare=False, where=False):
+        operands = [self._operand(a) for a in args]
+        if any(not isinstance(v, (Value, int, float, bool)) for v in operands):
+            return None
+        out_shape = tuple(_meta(node).shape)
+        out_dtype = _meta(node).dtype
+        compute = self._compute_dtype(node, operands, compare)
+        ctype, out_ctype = C_TYPES[compute], C_TYPES[out_dtype]
+        formula = formula.replace("{t}", ctype)
+        lazy = [v for v in operands if isinstance(v, Lazy) and v.realized is None]
+
+        def fn(ctx, index):
+            names = []
+            for pos, v in enumerate(operands):
+                want = "bool" if where and pos == 0 else ctype
+                if isinstance(v, Value):
+                    var = v.load(ctx, _broadcast_index(v.shape, out_shape, index))
+                    names.append(var if C_TYPES[v.dtype] == want else ctx.emit(want, f"static_cast<{want}>({var})"))
+                else:
+                    names.append(_literal(v, want))
+            return ctx.emit(out_ctype, f"static_cast<{out_ctype}>({formula.format(*names)})")
+
+        return Pointwise(out_shape, out_dtype, fn,
+                         op_count=1 + sum(v.op_count for v in lazy),
+                         expensive=expensive or any(v.expensive for v in lazy),
+                         op_names=sum((v.op_names for v in lazy), ()) + (ops.short_name(node.target),),
+                         reduces=any(v.reduces for v in lazy))
+
+    def _clamp(self, node):
+        op = node.target
+        low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+        high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+        if op is torch.ops.aten.clamp_max.default:
+            low, high = None, node.args[1]
+        if any(hasattr(b, "op") for b in (low, high)):
+            return None
+        formula = "{0}"
+        if low is not None:
+            formula = f"ap_max({formula}, {_literal(low, '{t}')})"
+        if high is not None:
+            formula = f"ap_min({formula}, {_literal(high, '{t}')})"
+        return self._pointwise(node, [node.args[0]], formula, False)
+
+    def _copy(self, node):
+        source = self._operand(node.args[0])
+        val = _meta(node)
+        if val.device.type != "cpu" or tuple(val.shape) != tuple(source.shape):
+            return None
+        if node.target is torch.ops.aten.clone.default and not isinstance(source, Lazy) \
+                and val.dtype == source.dtype and node.kwargs.get("memory_format") is None:
+            pass  # a plain clone still copies: users may rely on a fresh tensor
+        return self._pointwise(node, [node.args[0]], "{0}", False)
+
+    # ------------------------------------------------------------------ views
+    def _view(self, node):
+        source = self._operand(node.args[0])
+        if isinstance(source, Lazy) and source.realized is None and source.reduces:
+            # Keep reductions in the rows they were computed in: a reshaped index
+            # would hide that a row reads only its own reduction result.
+            self.realize(source)
+        parts = as_strided_parts(source)
+        if parts is not None:
+            viewed = self._strided_view(node, parts)
+            if viewed is not None:
+                return viewed
+        return self._lazy_view(node, source)
+
+    def _strided_view(self, node, parts):
+        """Apply the view op to a meta tensor with the same layout to get the new one."""
+        base, sizes, strides, offset = parts
+        storage = max([offset + sum((s - 1) * st for s, st in zip(sizes, strides)) + 1, base.numel, 1])
+        meta = torch.empty(storage, dtype=base.dtype, device="meta").as_strided(sizes, strides, offset)
+        args = [meta] + [self._operand(a) for a in node.args[1:]]
+        try:
+            out = node.target(*args, **node.kwargs)
+        except RuntimeError:
+            return None
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        views = [StridedView(base, tuple(t.shape), tuple(t.stride()), t.storage_offset()) for t in outs]
+        return views if isinstance(out, (list, tuple)) else views[0]
+
+    def _lazy_view(self, node, source: Value):
+        """Views of lazy values: new index -> old index arithmetic."""
+        val = _meta(node)
+        if isinstance(val, (list, tuple)):
+            return [self._remap(source, tuple(v.shape), self._slice_map(node, i, val))
+                    for i, v in enumerate(val)]
+        return self._remap(source, tuple(val.shape), self._index_map(node, source))
+
+    def _remap(self, source: Value, shape: tuple, index_map):
+        def fn(ctx, index):
+            return source.load(ctx, index_map(index))
+
+        lazy = isinstance(source, Lazy) and source.realized is None
+        return Pointwise(shape, source.dtype, fn, op_count=source.op_count if lazy else 0,
+                         expensive=lazy and source.expensive,
+                         op_names=source.op_names if lazy else (), reduces=lazy and source.reduces)
+
+    def _slice_map(self, node, i, val):
+        """Piece ``i`` of split/unbind along ``dim``."""
+        op = node.target
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        if op is torch.ops.aten.unbind.int:
+            dim = node.args[1] if len(node.args) > 1 else 0
+        in_shape = tuple(_meta(node.args[0]).shape)
+        dim %= len(in_shape)
+        if op is torch.ops.aten.unbind.int:
+            return lambda index: index[:dim] + [Index.constant(i)] + index[dim:]
+        start = sum(v.shape[dim] for v in val[:i])
+        return lambda index: index[:dim] + [index[dim] + start] + index[dim + 1:]
+
+    def _index_map(self, node, source: Value):
+        op, aten = node.target, torch.ops.aten
+        in_shape, out_shape = tuple(source.shape), tuple(_meta(node).shape)
+        args = [self._operand(a) for a in node.args[1:]]
+        if op is aten.permute.default:
+            dims = [d % len(in_shape) for d in args[0]]
+            inverse = [dims.index(k) for k in range(len(dims))]
+            return lambda index: [index[inverse[k]] for k in range(len(in_shape))]
+        if op in (aten.t.default, aten.transpose.int):
+            a, b = (args + [0, 1])[:2] if op is aten.transpose.int else (0, 1)
+            a, b = a % max(len(in_shape), 1), b % max(len(in_shape), 1)
+
+            def swap(index):
+                index = list(index)
+                index[a], index[b] = index[b], index[a]
+                return index
+            return swap
+        if op is aten.expand.default:
+            return lambda index: _broadcast_index(in_shape, out_shape, index)
+        if op is aten.slice.Tensor:
+            dim = (args + [0])[0] % len(in_shape)
+            start = args[1] if len(args) > 1 and args[1] is not None else 0
+            start = start + in_shape[dim] if start < 0 else min(start, in_shape[dim])
+            step = args[3] if len(args) > 3 else 1
+            return lambda index: index[:dim] + [index[dim].scale(step) + start] + index[dim + 1:]
+        if op is aten.select.int:
+            dim = args[0] % len(in_shape)
+            pos = args[1] % in_shape[dim]
+            return lambda index: index[:dim] + [Index.constant(pos)] + index[dim:]
+        # view/reshape/unsqueeze/squeeze: same elements in row-major order
+        return lambda index: unflatten_index(flat_index(index, out_shape), in_shape)
+
+    # ------------------------------------------------------------------ reductions
+    def _reduce_dims(self, node, shape) -> tuple[int, bool] | None:
+        """(first reduced dim, keepdim) when the reduced dims are a suffix of ``shape``."""
+        args = node.args
+        dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
+        if dims is None or dims == []:
+            dims = list(range(len(shape)))
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        dims = sorted(d % max(len(shape), 1) for d in dims)
+        keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)
+        if dims != list(range(len(shape) - len(dims), len(shape))):
+            return None
+        return (len(shape) - len(dims) if shape else 0), bool(keepdim)
+
+    def _make_reduction(self, node, source: Value, kind: str, mean: bool, first: int, keepdim: bool,
+                        out_dtype, src_fn=None) -> Reduction:
+        shape = tuple(source.shape)
+        outer, inner = shape[:first], math.prod(shape[first:])
+        out_shape = outer + ((1,) * (len(shape) - first) if keepdim else ())
+        kept = tuple(range(first, len(shape))) if keepdim else ()
+        red_shape_src = outer + (inner,)
+        if src_fn is None:
+            def src_fn(ctx, index):
+                return source.load(ctx, index[:-1] + unflatten_index(index[-1], shape[first:]))
+        lazy = [source] if isinstance(source, Lazy) and source.realized is None else []
+        src = Pointwise(red_shape_src, source.dtype, src_fn)
+        return Reduction(out_shape, out_dtype, src, outer, inner, kind,
+                         scale=(1.0 / inner if mean else 1.0), kept_dims=kept,
+                         op_count=1 + sum(v.op_count for v in lazy),
+                         op_names=sum((v.op_names for v in lazy), ()) + (ops.short_name(node.target),))
+
+    def _reduction(self, node):
+        source = self._operand(node.args[0])
+        kind, mean = ops.REDUCTIONS[node.target]
+        if node.kwargs.get("dtype") is not None or source.numel == 0:
+            return None
+        found = self._reduce_dims(node, tuple(source.shape))
+        if found is None:
+            return None
+        out_dtype = _meta(node).dtype
+        if out_dtype != source.dtype:
+            return None
+        return self._make_reduction(node, source, kind, mean, *found, out_dtype)
+
+    def _var_mean(self, node):
+        """var_mean(x, dims, correction, keepdim) as two per-row passes (mean, then var)."""
+        source = self._operand(node.args[0])
+        if not source.dtype.is_floating_point or source.numel == 0:
+            return None
+        found = self._reduce_dims(node, tuple(source.shape))
+        if found is None:
+            return None
+        first, keepdim = found
+        keepdim = node.kwargs.get("keepdim", keepdim)
+        correction = node.kwargs.get("correction", 1)
+        correction = 1 if correction is None else correction
+        shape = tuple(source.shape)
+        inner = math.prod(shape[first:])
+        mean = self._make_reduction(node, source, "sum", True, first, True, source.dtype)
+        ctype = C_TYPES[source.dtype]
+
+        def squared_deviation(ctx, index):
+            x = source.load(ctx, index[:-1] + unflatten_index(index[-1], shape[first:]))
+            m = mean.load(ctx, index[:-1] + [Index.constant(0)] * (len(shape) - first))
+            d = ctx.emit(ctype, f"({x} - {m})")
+            return ctx.emit(ctype, f"({d} * {d})")
+
+        var = self._make_reduction(node, source, "sum", False, first, keepdim, source.dtype,
+                                   src_fn=squared_deviation)
+        var.scale = 1.0 / max(inner - correction, 0) if inner - correction > 0 else float("nan")
+        var.op_count += mean.op_count
+        if not keepdim:
+            mean = self._remap(mean, tuple(var.shape), lambda index: index + [Index.constant(0)] * (len(shape) - first))
+        return (var, mean)
+
+    # ------------------------------------------------------------------ extern
+    def _extern(self, node) -> Any:
+        op = node.target
+        if not isinstance(op, torch._ops.OpOverload):
+            raise AotpackError(f"unsupported construct: call to {op} in node '{node.name}' is not an "
+                               "ATen operator; export the model so it uses torch operators only")
+        schema = op._schema
+        args = []
+        for position, argument in enumerate(schema.arguments):
+            if position < len(node.args) and not argument.kwarg_only:
+                value = node.args[position]
+            elif argument.name in node.kwargs:
+                value = node.kwargs[argument.name]
+            elif argument.has_default_value():
+                value = argument.default_value
+            else:
+                raise AotpackError(f"node '{node.name}' ({op}) lacks argument '{argument.name}'")
+            args.append(self._extern_arg(node, argument, value))
+        val = _meta(node)
+        outs = val if isinstance(val, (list, tuple)) else [val]
+        buffers = []
+        for t in outs:
+            if t is None:
+                buffers.append(None)
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise AotpackError(f"unsupported construct: {op} in node '{node.name}' returns a "
+                                   f"{type(t).__name__}, not tensors (data-dependent values are not supported)")
+            self.counter += 1
+            buffers.append(Buffer(f"buf{self.counter}", tuple(t.shape), tuple(t.stride()), t.dtype, "extern"))
+        self.steps.append(ExternCall(op, args, buffers))
+        return buffers if isinstance(val, (list, tuple)) else buffers[0]
+
+    def _extern_arg(self, node, argument, value) -> ExternArg:
+        type_ = argument.type
+        if isinstance(type_, torch._C.OptionalType):
+            if value is None:
+                return ExternArg("none", None)
+            type_ = type_.getElementType()
+        text = str(type_)
+        if hasattr(value, "op"):
+            value = self.env[value]
+        if isinstance(value, (list, tuple)) and text.startswith(("List[Tensor]", "List[Optional[Tensor]]")):
+            items = [None if v is None else self._strided(self.env[v] if hasattr(v, "op") else v)
+                     for v in value]
+            return ExternArg("tensor_list", items)
+        if isinstance(value, Value):
+            return ExternArg("tensor", self._strided(value))
+        if isinstance(value, torch.dtype):
+            return ExternArg("scalar_type", value)
+        if isinstance(value, torch.layout):
+            return ExternArg("layout", value)
+        if isinstance(value, torch.device):
+            return ExternArg("device", str(value))
+        if isinstance(value, torch.memory_format):
+            return ExternArg("memory_format", value)
+        if isinstance(value, str):
+            return ExternArg("string", value)
+        if isinstance(value, bool):
+            return ExternArg("bool", value)
+        if isinstance(value, int):
+            return ExternArg("int", value)
+        if isinstance(value, float):
+            return ExternArg("double", value)
+        if isinstance(value, (list, tuple)):
+            if all(isinstance(v, bool) for v in value) and "bool" in text:
+                return ExternArg("bool_list", [bool(v) for v in value])
+            if all(isinstance(v, int) for v in value):
+                return ExternArg("int_list", [int(v) for v in value])
+            if all(isinstance(v, (int, float)) for v in value):
+                return ExternArg("double_list", [float(v) for v in value])
+        if value is None:
+            return ExternArg("none", None)
+        raise AotpackError(f"unsupported argument {argument.name}={value!r} of {node.target} "
+                           f"in node '{node.name}'")
+
+
+def lower(ep: ExportedProgram) -> Graph:
+    """Lower ``ep`` (static shapes, decomposed) into an ``ir.Graph``.
+
+    Raises:
+        AotpackError: for constructs aotpack cannot run (control flow, non-tensor
+            outputs, data-dependent shapes), naming the node.
+    """
+    return Lowerer(ep).run()

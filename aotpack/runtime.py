@@ -1,0 +1,61 @@
+"""Drive the native runtime (``aotpack-run``) from Python.
+
+``aotpack run`` deliberately calls the C++ runtime rather than re-implementing it,
+so what is tested is what is deployed.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from aotpack.config import ENV_RUNTIME
+from aotpack.errors import AotpackError
+from aotpack.templates import REPO_ROOT
+
+BUILD_HINT = "build it with `make runtime` (cmake -S native -B native/build && cmake --build native/build)"
+
+
+def find_runtime() -> Path:
+    """Path of ``aotpack-run``: ``$AOTPACK_RUNTIME``, ``native/build/``, then ``PATH``.
+
+    Raises:
+        AotpackError: not found; the message says how to build it.
+    """
+    candidates = [os.environ.get(ENV_RUNTIME), str(REPO_ROOT / "native" / "build" / "aotpack-run"),
+                  shutil.which("aotpack-run")]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    raise AotpackError(f"native runtime aotpack-run not found; {BUILD_HINT}")
+
+
+def run_archive(archive: str | Path, inputs: list[str | Path], output: str | Path | None = None,
+                bench: int = 0, device_limit: int = 0, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``aotpack-run ARCHIVE INPUT.npy... [--output OUT.npz] [--bench N]``.
+
+    Raises:
+        AotpackError: the runtime reported an error (its message is included).
+    """
+    cmd = [str(find_runtime()), str(archive), *map(str, inputs)]
+    if output:
+        cmd += ["--output", str(output)]
+    if bench:
+        cmd += ["--bench", str(bench)]
+    if device_limit:
+        cmd += ["--device-limit", str(device_limit)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        message = result.stderr.strip() or result.stdout.strip()
+        raise AotpackError(message.removeprefix("aotpack-run: error: "))
+    return result
+
+
+def parse_latency(stdout: str) -> dict[str, float]:
+    """Fields of the ``latency_us median=.. p10=.. p90=.. runs=..`` line of ``--bench``."""
+    line = re.search(r"^latency_us (.*)$", stdout, re.MULTILINE)
+    if not line:
+        raise AotpackError(f"aotpack-run printed no latency line:\n{stdout}")
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.eE+-]+)", line.group(1))}
