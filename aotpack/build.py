@@ -76,6 +76,7 @@ def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
         entries.append({
             "name": art.kernel.name, "kernel_key": win.kernel_key, "tiling_repr": win.repr,
             "workspace": win.workspace, "block_dim": win.block_dim, "candidates": len(art.candidates),
+            "candidate_tilings": [t.repr for t in art.candidates],
             "timings_us": [round(t, 3) for t in art.timings_us], "visited": art.visited,
             "lib_kernel": lit.lib_kernel, "wrapper": lit.wrapper,
         })

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 import re
@@ -138,6 +139,11 @@ class KernelArtifacts:
     def optimize_tiling_path(self) -> Path:
         return self.directory / "optimize_tiling"
 
+    @property
+    def timings_path(self) -> Path:
+        """Candidate timings (us) of the autotune that chose the winner, for reports."""
+        return self.directory / "timings.json"
+
     def needs_autotune(self) -> bool:
         return self.winner is None and len(self.candidates) > 1
 
@@ -159,6 +165,10 @@ def _read_cached_winner(art: KernelArtifacts) -> Tiling | None:
     for tiling in art.candidates:
         if tiling.optimize_tiling == text and (art.kernel_dir(tiling) / "kernel.so").is_file() \
                 and art.wrapper_path.is_file():
+            try:
+                art.timings_us = json.loads(art.timings_path.read_text())
+            except (OSError, ValueError):
+                art.timings_us = []
             return tiling
     return None
 
@@ -243,6 +253,7 @@ def compile_all(arts: list[KernelArtifacts], march: str, threads: int) -> int:
 
 
 def save_winner(art: KernelArtifacts, winner: Tiling) -> None:
-    """Record the chosen candidate in ``optimize_tiling`` (atomic)."""
+    """Record the chosen candidate in ``optimize_tiling`` and its timings (atomic)."""
     art.winner = winner
+    write_atomic(art.timings_path, json.dumps([round(t, 3) for t in art.timings_us]))
     write_atomic(art.optimize_tiling_path, winner.optimize_tiling + "\n")

@@ -28,8 +28,7 @@ SEMVER = re.compile(r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$")
 #: Composite ops broken up so their pieces fuse (row-wise softmax/layer_norm become
 #: reductions + pointwise). SDPA stays whole: it runs as an extern call (DESIGN.md §8).
 EXTRA_DECOMPOSITIONS = [aten.native_layer_norm, aten._softmax, aten._log_softmax, aten.gelu,
-                        aten.silu, aten.hardswish, aten.hardsigmoid, aten.native_batch_norm,
-                        aten._native_batch_norm_legit_no_training]
+                        aten.silu, aten.hardswish, aten.hardsigmoid]
 KEEP_WHOLE = [aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu]
 
 

@@ -140,6 +140,8 @@ class Lowerer:
         if isinstance(op, torch._ops.HigherOrderOperator):
             raise AotpackError(f"unsupported construct: {op.name()} (control flow) in node "
                                f"'{node.name}'; aotpack does not lower control flow yet")
+        if op in ops.ASSERTIONS:
+            return None
         result = None
         if self._fusable(node):
             result = self._lower_fusable(node)
@@ -190,6 +192,8 @@ class Lowerer:
             return self._reduction(node)
         if op is torch.ops.aten.var_mean.correction:
             return self._var_mean(node)
+        if op is torch.ops.aten._native_batch_norm_legit_no_training.default:
+            return self._batch_norm(node)
         return None
 
     # ------------------------------------------------------------------ realize
@@ -303,6 +307,39 @@ class Lowerer:
                 and val.dtype == source.dtype and node.kwargs.get("memory_format") is None:
             pass  # a plain clone still copies: users may rely on a fresh tensor
         return self._pointwise(node, [node.args[0]], "{0}", False)
+
+    def _batch_norm(self, node):
+        """Eval-mode batch norm: a per-channel (dim 1) affine map, fused as pointwise."""
+        x, weight, bias, mean, var = (self._operand(a) for a in node.args[:5])
+        eps = node.args[6] if len(node.args) > 6 else 1e-5
+        stats = [v for v in (weight, bias, mean, var) if v is not None]
+        if not isinstance(x, Value) or len(x.shape) < 2:
+            return None
+        channels = x.shape[1]
+        if any(not isinstance(v, Value) or tuple(v.shape) != (channels,) for v in stats):
+            return None
+        ctype = C_TYPES[x.dtype]
+        out_shape = tuple(x.shape)
+
+        def fn(ctx, index):
+            channel = [index[1]]
+            value = x.load(ctx, index)
+            m = mean.load(ctx, channel) if mean is not None else "0"
+            v = var.load(ctx, channel) if var is not None else "1"
+            scale = ctx.emit(ctype, f"ap_rsqrt({v} + static_cast<{ctype}>({float(eps)!r}))")
+            y = ctx.emit(ctype, f"(({value} - {m}) * {scale})")
+            if weight is not None:
+                y = ctx.emit(ctype, f"({y} * {weight.load(ctx, channel)})")
+            if bias is not None:
+                y = ctx.emit(ctype, f"({y} + {bias.load(ctx, channel)})")
+            return y
+
+        lazy = [x] if isinstance(x, Lazy) and x.realized is None else []
+        out = Pointwise(out_shape, x.dtype, fn, op_count=4 + sum(v.op_count for v in lazy),
+                        expensive=any(v.expensive for v in lazy),
+                        op_names=sum((v.op_names for v in lazy), ()) + ("batch_norm",),
+                        reduces=any(v.reduces for v in lazy))
+        return (out, None, None)
 
     # ------------------------------------------------------------------ views
     def _view(self, node):
@@ -488,7 +525,7 @@ class Lowerer:
                 raise AotpackError(f"node '{node.name}' ({op}) lacks argument '{argument.name}'")
             args.append(self._extern_arg(node, argument, value))
         val = _meta(node)
-        outs = val if isinstance(val, (list, tuple)) else [val]
+        outs = val if isinstance(val, (list, tuple)) else ([] if val is None else [val])
         buffers = []
         for t in outs:
             if t is None:

@@ -94,6 +94,10 @@ VIEWS = {
     aten.split.Tensor, aten.unbind.int,
 }
 
+#: Checks export inserts on metadata that is static here: verified at build time.
+ASSERTIONS = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+              aten.sym_constrain_range_for_size.default}
+
 #: reduction op -> (kind, mean?)
 REDUCTIONS = {
     aten.sum.dim_IntList: ("sum", False),

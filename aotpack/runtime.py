@@ -59,3 +59,35 @@ def parse_latency(stdout: str) -> dict[str, float]:
     if not line:
         raise AotpackError(f"aotpack-run printed no latency line:\n{stdout}")
     return {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.eE+-]+)", line.group(1))}
+
+
+def save_inputs(tensors, folder: str | Path) -> list[Path]:
+    """Write each tensor as ``input_<i>.npy`` in ``folder`` (the runtime's input format)."""
+    import numpy as np
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, tensor in enumerate(tensors):
+        path = folder / f"input_{i}.npy"
+        np.save(path, tensor.detach().contiguous().numpy())
+        paths.append(path)
+    return paths
+
+
+def run_tensors(archive: str | Path, tensors, workdir: str | Path, bench: int = 0):
+    """Run ``archive`` on torch tensors through ``aotpack-run``.
+
+    Returns:
+        (outputs as torch tensors in manifest order, latency dict or None)
+    """
+    import numpy as np
+    import torch
+
+    workdir = Path(workdir)
+    inputs = save_inputs(tensors, workdir)
+    out = workdir / "outputs.npz"
+    result = run_archive(archive, inputs, out, bench=bench)
+    with np.load(out) as npz:
+        outputs = [torch.from_numpy(npz[name].copy()) for name in npz.files]
+    return outputs, (parse_latency(result.stdout) if bench else None)

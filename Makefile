@@ -1,0 +1,43 @@
+# aotpack: `make demo` sets everything up and runs the main job on a bundled sample;
+# `make test` runs the test suite. Both work on a fresh Debian machine (root or sudo
+# for the system libraries of the native runtime).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SYSTEM_PACKAGES := g++ cmake make pkg-config libarchive-dev libzstd-dev nlohmann-json3-dev libssl-dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+TORCH_CMAKE = $(shell $(PY) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+
+.PHONY: demo test runtime venv sysdeps bench clean
+
+demo: runtime
+	$(PY) benchmarks/demo.py samples/transformer_block.py --topn 3
+
+test: runtime
+	$(PY) -m pytest -q tests
+
+bench: runtime
+	$(PY) benchmarks/compare.py
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+sysdeps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+runtime: venv sysdeps
+	cmake -S native -B native/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(TORCH_CMAKE)" >/dev/null
+	cmake --build native/build -j2
+
+clean:
+	rm -rf native/build dist .pytest_cache

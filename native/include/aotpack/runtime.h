@@ -1,0 +1,168 @@
+/* aotpack/runtime.h: load a .aotpack archive and run it, without Python.
+ *
+ * Two layers over one implementation:
+ *   - a C API for FFI (ctypes, Rust, Go, ...): opaque handles, int32_t status (0 = ok,
+ *     non-zero = error), results through trailing pointer parameters, and the message of
+ *     the last failure on this thread from aotpack_last_error(). No C++ exception crosses it.
+ *   - a thin C++ API (namespace aotpack, below, C++ only) over at::Tensor that throws
+ *     aotpack::Error. Define AOTPACK_RUNTIME_C_ONLY before including this header to get the
+ *     C API alone (no libtorch headers needed then).
+ *
+ * Tensors cross the C API as AotpackTensor (model_abi.h): an at::Tensor* in disguise, so
+ * C++ callers may cast between the two. Handles the API returns are owned by the caller
+ * and freed with aotpack_tensor_free(); handles the caller passes in are borrowed.
+ *
+ * Threading: a model may be used from several threads; runs of one model are serialised
+ * (the model may write its buffers in place). Separate models run in parallel.
+ */
+#ifndef AOTPACK_RUNTIME_H
+#define AOTPACK_RUNTIME_H
+
+#include <stdint.h>
+
+#include "aotpack/model_abi.h"
+
+/* Marks the library's exported symbols (it is built with -fvisibility=hidden). */
+#ifndef AOTPACK_EXPORT
+#if defined(__GNUC__)
+#define AOTPACK_EXPORT __attribute__((visibility("default")))
+#else
+#define AOTPACK_EXPORT
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A loaded model: the verified, extracted archive, its constants and the model.so instance. */
+typedef struct aotpack_model aotpack_model_t;
+
+/* One tensor of a model's signature. Every pointer stays valid while the model lives. */
+typedef struct AotpackTensorSpec {
+  const char* name;       /* as in the manifest, NUL-terminated                */
+  int32_t dtype;          /* an AotpackDType code                              */
+  int64_t ndim;           /* number of dimensions                              */
+  const int64_t* shape;   /* ndim sizes, in elements                           */
+  const int64_t* strides; /* ndim strides, in elements                         */
+} AotpackTensorSpec;
+
+/* Message of the last failed call of this API on this thread ("" if none). Valid until the
+ * next failing call on the same thread. Never NULL. */
+AOTPACK_EXPORT const char* aotpack_last_error(void);
+
+/* Verify, extract and load an archive.
+ *   archive:      path of the .aotpack file
+ *   device_limit: cores the kernels may use; 0 = the limit recorded at build time
+ *   out:          receives the model; free it with aotpack_model_free()
+ * Every check (paths, sizes, sha256, torch version, CPU features, ABI version) happens
+ * before anything is written to disk or dlopen'ed. Errors name the archive and the problem. */
+AOTPACK_EXPORT int32_t aotpack_model_load(const char* archive, int32_t device_limit,
+                                          aotpack_model_t** out);
+
+/* Destroy the model instance, unload its libraries and remove its temp folder. NULL is ok. */
+AOTPACK_EXPORT void aotpack_model_free(aotpack_model_t* model);
+
+/* Run once.
+ *   inputs:  num_inputs borrowed CPU tensors in manifest order; dtype and shape must match
+ *            the manifest exactly (strides that differ are copied into the manifest layout)
+ *   outputs: num_outputs slots, each receives a new tensor to free with aotpack_tensor_free()
+ * On error no output is written (every slot is NULL). */
+AOTPACK_EXPORT int32_t aotpack_model_run(aotpack_model_t* model, const AotpackTensor* inputs,
+                                         int64_t num_inputs, AotpackTensor* outputs,
+                                         int64_t num_outputs);
+
+/* Manifest accessors. Strings stay valid while the model lives. */
+AOTPACK_EXPORT int32_t aotpack_model_name(const aotpack_model_t* model, const char** out);
+AOTPACK_EXPORT int32_t aotpack_model_version(const aotpack_model_t* model, const char** out);
+/* The whole manifest.json text, for anything the accessors do not cover. */
+AOTPACK_EXPORT int32_t aotpack_model_manifest_json(const aotpack_model_t* model, const char** out);
+AOTPACK_EXPORT int32_t aotpack_model_num_inputs(const aotpack_model_t* model, int64_t* out);
+AOTPACK_EXPORT int32_t aotpack_model_num_outputs(const aotpack_model_t* model, int64_t* out);
+/* Signature of input / output `index` (0-based); an error if index is out of range. */
+AOTPACK_EXPORT int32_t aotpack_model_input_spec(const aotpack_model_t* model, int64_t index,
+                                                AotpackTensorSpec* out);
+AOTPACK_EXPORT int32_t aotpack_model_output_spec(const aotpack_model_t* model, int64_t index,
+                                                 AotpackTensorSpec* out);
+
+/* New CPU tensor for FFI callers.
+ *   dtype:   an AotpackDType code
+ *   sizes:   ndim sizes; strides: ndim strides in elements, or NULL for row-major
+ *   data:    numel * itemsize bytes in row-major order copied into the tensor, or NULL to
+ *            leave it uninitialised
+ *   out:     receives the tensor; free it with aotpack_tensor_free() */
+AOTPACK_EXPORT int32_t aotpack_tensor_new(int32_t dtype, int64_t ndim, const int64_t* sizes,
+                                          const int64_t* strides, const void* data,
+                                          AotpackTensor* out);
+
+/* Describe a tensor. Any out pointer may be NULL. sizes/strides point into the tensor and
+ * stay valid while it lives; data is the address of its first element. */
+AOTPACK_EXPORT int32_t aotpack_tensor_info(AotpackTensor tensor, int32_t* dtype, int64_t* ndim,
+                                           const int64_t** sizes, const int64_t** strides,
+                                           void** data);
+
+/* Free a tensor returned by this API. NULL is ok. */
+AOTPACK_EXPORT void aotpack_tensor_free(AotpackTensor tensor);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#if defined(__cplusplus) && !defined(AOTPACK_RUNTIME_C_ONLY)
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "aotpack/types.h"
+
+namespace aotpack {
+
+/// A loaded .aotpack model. Move-only; destroying it unloads model.so and removes the
+/// private folder the archive was extracted to.
+///
+///   aotpack::Model m = aotpack::Model::load("mlp-0.1.0.aotpack");
+///   std::vector<at::Tensor> ys = m.run(xs);
+class AOTPACK_EXPORT Model {
+ public:
+  /// Verify, extract and load `archive_path` (see aotpack_model_load for the checks).
+  /// device_limit: cores the kernels may use, 0 = the limit recorded at build time.
+  /// Throws aotpack::Error naming the archive and the problem.
+  static Model load(const std::string& archive_path, int32_t device_limit = 0);
+
+  /// Run once. inputs: CPU tensors in manifest order whose dtype and shape match inputs()
+  /// exactly; strides that differ from the manifest are copied into its layout first.
+  /// Returns one tensor per output, in manifest order. Outputs are created under
+  /// c10::InferenceMode (clone() them to modify them in place outside of it).
+  /// Throws aotpack::Error naming the model and the failing input, output or step.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+
+  const std::string& name() const;
+  const std::string& version() const;
+  const std::vector<TensorSpec>& inputs() const;
+  const std::vector<TensorSpec>& outputs() const;
+  /// The whole manifest.json text.
+  const std::string& manifest_json() const;
+  /// The path given to load().
+  const std::string& archive_path() const;
+
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  ~Model();
+
+  struct Impl;
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace aotpack
+
+#endif /* __cplusplus && !AOTPACK_RUNTIME_C_ONLY */
+
+#endif /* AOTPACK_RUNTIME_H */

@@ -1,0 +1,172 @@
+// The C API of runtime.h: a shell over aotpack::Model that never lets an exception out.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+
+#include <cstring>
+
+#include "aotpack/runtime.h"
+#include "dtype.h"
+#include "host.h"
+#include "tensor_handle.h"
+
+struct aotpack_model {
+  aotpack::Model model;
+};
+
+namespace {
+
+using aotpack::detail::fail;
+
+thread_local std::string t_last_error;
+
+// Runs `body`; maps any exception to status 1 and aotpack_last_error().
+template <class Body>
+int32_t guarded(Body&& body) noexcept {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    t_last_error = aotpack::detail::exception_message(e);
+  } catch (...) {
+    t_last_error = "unknown C++ exception";
+  }
+  return 1;
+}
+
+const aotpack::Model& model_of(const aotpack_model_t* model) {
+  if (model == nullptr) fail("NULL model handle");
+  return model->model;
+}
+
+template <class T>
+T* checked_out(T* out) {
+  if (out == nullptr) fail("NULL output pointer");
+  return out;
+}
+
+void fill_spec(const aotpack::TensorSpec& spec, AotpackTensorSpec* out) {
+  out->name = spec.name.c_str();
+  out->dtype = static_cast<int32_t>(spec.dtype);
+  out->ndim = static_cast<int64_t>(spec.shape.size());
+  out->shape = spec.shape.data();
+  out->strides = spec.strides.data();
+}
+
+const aotpack::TensorSpec& spec_at(const std::vector<aotpack::TensorSpec>& specs, int64_t index,
+                                   const char* what) {
+  if (index < 0 || index >= static_cast<int64_t>(specs.size()))
+    fail(std::string(what) + " index " + std::to_string(index) + " out of range (the model has " +
+         std::to_string(specs.size()) + ")");
+  return specs[static_cast<size_t>(index)];
+}
+
+std::vector<int64_t> dims(int64_t ndim, const int64_t* values, const char* what) {
+  if (ndim < 0) fail("negative ndim");
+  if (ndim > 0 && values == nullptr) fail(std::string("NULL ") + what);
+  return std::vector<int64_t>(values, values + ndim);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* aotpack_last_error(void) { return t_last_error.c_str(); }
+
+int32_t aotpack_model_load(const char* archive, int32_t device_limit, aotpack_model_t** out) {
+  return guarded([&] {
+    checked_out(out);
+    *out = nullptr;
+    if (archive == nullptr) fail("NULL archive path");
+    *out = new aotpack_model{aotpack::Model::load(archive, device_limit)};
+  });
+}
+
+void aotpack_model_free(aotpack_model_t* model) { delete model; }
+
+int32_t aotpack_model_run(aotpack_model_t* model, const AotpackTensor* inputs, int64_t num_inputs,
+                          AotpackTensor* outputs, int64_t num_outputs) {
+  for (int64_t i = 0; outputs != nullptr && i < num_outputs; ++i) outputs[i] = nullptr;
+  return guarded([&] {
+    if (model == nullptr) fail("NULL model handle");
+    if (num_inputs < 0 || (num_inputs > 0 && inputs == nullptr)) fail("bad input array");
+    const int64_t expected = static_cast<int64_t>(model->model.outputs().size());
+    if (num_outputs != expected || (num_outputs > 0 && outputs == nullptr))
+      fail("the model has " + std::to_string(expected) + " output(s), the caller passed " +
+           std::to_string(num_outputs) + " slot(s)");
+    std::vector<at::Tensor> xs;
+    for (int64_t i = 0; i < num_inputs; ++i) xs.push_back(aotpack::detail::unwrap(inputs[i]));
+    std::vector<at::Tensor> ys = model->model.run(xs);
+    for (size_t i = 0; i < ys.size(); ++i)
+      outputs[i] = aotpack::detail::new_handle(std::move(ys[i]));
+  });
+}
+
+int32_t aotpack_model_name(const aotpack_model_t* model, const char** out) {
+  return guarded([&] { *checked_out(out) = model_of(model).name().c_str(); });
+}
+
+int32_t aotpack_model_version(const aotpack_model_t* model, const char** out) {
+  return guarded([&] { *checked_out(out) = model_of(model).version().c_str(); });
+}
+
+int32_t aotpack_model_manifest_json(const aotpack_model_t* model, const char** out) {
+  return guarded([&] { *checked_out(out) = model_of(model).manifest_json().c_str(); });
+}
+
+int32_t aotpack_model_num_inputs(const aotpack_model_t* model, int64_t* out) {
+  return guarded([&] { *checked_out(out) = model_of(model).inputs().size(); });
+}
+
+int32_t aotpack_model_num_outputs(const aotpack_model_t* model, int64_t* out) {
+  return guarded([&] { *checked_out(out) = model_of(model).outputs().size(); });
+}
+
+int32_t aotpack_model_input_spec(const aotpack_model_t* model, int64_t index,
+                                 AotpackTensorSpec* out) {
+  return guarded(
+      [&] { fill_spec(spec_at(model_of(model).inputs(), index, "input"), checked_out(out)); });
+}
+
+int32_t aotpack_model_output_spec(const aotpack_model_t* model, int64_t index,
+                                  AotpackTensorSpec* out) {
+  return guarded(
+      [&] { fill_spec(spec_at(model_of(model).outputs(), index, "output"), checked_out(out)); });
+}
+
+int32_t aotpack_tensor_new(int32_t dtype, int64_t ndim, const int64_t* sizes,
+                           const int64_t* strides, const void* data, AotpackTensor* out) {
+  return guarded([&] {
+    checked_out(out);
+    *out = nullptr;
+    if (!aotpack::detail::is_supported_dtype_code(dtype))
+      fail("unsupported dtype code " + std::to_string(dtype));
+    const auto options = at::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype));
+    const std::vector<int64_t> shape = dims(ndim, sizes, "sizes");
+    at::Tensor row_major = at::empty(shape, options);
+    if (data != nullptr && row_major.numel() > 0)
+      std::memcpy(row_major.data_ptr(), data, row_major.numel() * row_major.element_size());
+    if (strides == nullptr) {
+      *out = aotpack::detail::new_handle(std::move(row_major));
+      return;
+    }
+    at::Tensor strided = at::empty_strided(shape, dims(ndim, strides, "strides"), options);
+    if (data != nullptr) strided.copy_(row_major);
+    *out = aotpack::detail::new_handle(std::move(strided));
+  });
+}
+
+int32_t aotpack_tensor_info(AotpackTensor tensor, int32_t* dtype, int64_t* ndim,
+                            const int64_t** sizes, const int64_t** strides, void** data) {
+  return guarded([&] {
+    const at::Tensor& t = aotpack::detail::unwrap(tensor);
+    if (dtype) *dtype = static_cast<int32_t>(t.scalar_type());
+    if (ndim) *ndim = t.dim();
+    if (sizes) *sizes = t.sizes().data();
+    if (strides) *strides = t.strides().data();
+    if (data) *data = t.data_ptr();
+  });
+}
+
+void aotpack_tensor_free(AotpackTensor tensor) { aotpack::detail::release_handle(tensor); }
+
+}  // extern "C"

@@ -1,0 +1,202 @@
+#include "manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+
+#include "dtype.h"
+#include "sha256.h"
+#include "util.h"
+
+namespace aotpack::detail {
+namespace {
+
+using nlohmann::json;
+
+// Every accessor takes `where` (the JSON path so far) so errors point at the key.
+[[noreturn]] void bad(const std::string& where, const std::string& what) {
+  fail("manifest.json: " + where + ": " + what);
+}
+
+const json& member(const json& obj, const std::string& key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end()) bad(where.empty() ? key : where + "." + key, "missing");
+  return *it;
+}
+
+std::string join_path(const std::string& where, const std::string& key) {
+  return where.empty() ? key : where + "." + key;
+}
+
+std::string get_string(const json& obj, const std::string& key, const std::string& where) {
+  const json& v = member(obj, key, where);
+  if (!v.is_string()) bad(join_path(where, key), "expected a string");
+  return v.get<std::string>();
+}
+
+int64_t as_int(const json& v, const std::string& where) {
+  if (!v.is_number_integer()) bad(where, "expected an integer");
+  return v.get<int64_t>();
+}
+
+int64_t get_int(const json& obj, const std::string& key, const std::string& where) {
+  return as_int(member(obj, key, where), join_path(where, key));
+}
+
+const json& get_array(const json& obj, const std::string& key, const std::string& where) {
+  const json& v = member(obj, key, where);
+  if (!v.is_array()) bad(join_path(where, key), "expected a list");
+  return v;
+}
+
+const json& get_object(const json& obj, const std::string& key, const std::string& where) {
+  const json& v = member(obj, key, where);
+  if (!v.is_object()) bad(join_path(where, key), "expected an object");
+  return v;
+}
+
+std::vector<int64_t> get_dims(const json& obj, const std::string& key, const std::string& where) {
+  const json& list = get_array(obj, key, where);
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = join_path(where, key) + "[" + std::to_string(i) + "]";
+    int64_t d = as_int(list[i], at);
+    if (d < 0) bad(at, "negative value " + std::to_string(d));
+    dims.push_back(d);
+  }
+  return dims;
+}
+
+std::vector<std::string> get_strings(const json& obj, const std::string& key,
+                                     const std::string& where) {
+  const json& list = get_array(obj, key, where);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_string())
+      bad(join_path(where, key) + "[" + std::to_string(i) + "]", "expected a string");
+    out.push_back(list[i].get<std::string>());
+  }
+  return out;
+}
+
+TensorSpec parse_spec(const json& v, const std::string& where) {
+  if (!v.is_object()) bad(where, "expected an object");
+  TensorSpec spec;
+  spec.name = get_string(v, "name", where);
+  try {
+    spec.dtype = dtype_from_name(get_string(v, "dtype", where));
+  } catch (const Error& e) {
+    bad(where + ".dtype", e.what());
+  }
+  spec.shape = get_dims(v, "shape", where);
+  spec.strides = get_dims(v, "strides", where);
+  if (spec.shape.size() != spec.strides.size())
+    bad(where, "shape " + format_ints(spec.shape) + " and strides " + format_ints(spec.strides) +
+                   " differ in length");
+  return spec;
+}
+
+std::vector<TensorSpec> get_specs(const json& obj, const std::string& key) {
+  const json& list = get_array(obj, key, "");
+  std::vector<TensorSpec> specs;
+  for (size_t i = 0; i < list.size(); ++i)
+    specs.push_back(parse_spec(list[i], key + "[" + std::to_string(i) + "]"));
+  return specs;
+}
+
+bool is_sha256_hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+           return std::isdigit(c) || (c >= 'a' && c <= 'f');
+         });
+}
+
+std::map<std::string, FileRecord> get_files(const json& obj) {
+  std::map<std::string, FileRecord> files;
+  for (const auto& [path, rec] : get_object(obj, "files", "").items()) {
+    const std::string where = "files[\"" + path + "\"]";
+    if (!rec.is_object()) bad(where, "expected an object");
+    FileRecord record;
+    record.sha256 = get_string(rec, "sha256", where);
+    std::transform(record.sha256.begin(), record.sha256.end(), record.sha256.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (!is_sha256_hex(record.sha256)) bad(where + ".sha256", "not a 64-digit hex digest");
+    int64_t size = get_int(rec, "size", where);
+    if (size < 0) bad(where + ".size", "negative");
+    record.size = static_cast<uint64_t>(size);
+    files.emplace(path, record);
+  }
+  return files;
+}
+
+json parse_json(const std::string& text) {
+  try {
+    json doc = json::parse(text);
+    if (!doc.is_object()) fail("manifest.json: expected a JSON object at the top level");
+    return doc;
+  } catch (const json::exception& e) {
+    fail(std::string("manifest.json is not valid JSON: ") + e.what());
+  }
+}
+
+}  // namespace
+
+Manifest parse_manifest(const std::string& text) {
+  const json doc = parse_json(text);
+  Manifest m;
+  m.text = text;
+  m.format_version = get_int(doc, "format_version", "");
+  if (m.format_version != kFormatVersion)
+    fail("format_version " + std::to_string(m.format_version) +
+         " is not supported (this runtime reads " + std::to_string(kFormatVersion) + ")");
+  m.name = get_string(doc, "name", "");
+  m.version = get_string(doc, "version", "");
+  if (doc.contains("aotpack_version")) m.aotpack_version = get_string(doc, "aotpack_version", "");
+  m.torch_version = get_string(doc, "torch_version", "");
+  m.backend = get_string(doc, "backend", "");
+  const json& isa = get_object(doc, "target_isa", "");
+  if (isa.contains("march")) m.march = get_string(isa, "march", "target_isa");
+  m.isa_features = get_strings(isa, "features", "target_isa");
+  if (doc.contains("device_limit")) m.device_limit = get_int(doc, "device_limit", "");
+  const json& model = get_object(doc, "model", "");
+  m.model_library = get_string(model, "library", "model");
+  m.model_abi_version = get_int(model, "abi_version", "model");
+  m.constants = get_specs(doc, "constants");
+  m.inputs = get_specs(doc, "inputs");
+  m.outputs = get_specs(doc, "outputs");
+  if (doc.contains("mutated_buffers")) m.mutated_buffers = get_strings(doc, "mutated_buffers", "");
+  m.files = get_files(doc);
+  return m;
+}
+
+void verify_files(const Manifest& manifest, const std::vector<ArchiveEntry>& entries) {
+  if (manifest.files.count(kManifestPath))
+    fail("manifest.json lists itself in 'files' (it cannot hold its own checksum)");
+  size_t listed_present = 0;
+  for (const ArchiveEntry& entry : entries) {
+    if (entry.path == kManifestPath) continue;
+    auto it = manifest.files.find(entry.path);
+    if (it == manifest.files.end())
+      fail("entry '" + entry.path + "' is not listed in manifest.json 'files'");
+    if (entry.data.size() != it->second.size)
+      fail("entry '" + entry.path + "' is " + std::to_string(entry.data.size()) +
+           " bytes, manifest.json says " + std::to_string(it->second.size));
+    if (sha256_hex(entry.data) != it->second.sha256)
+      fail("sha256 mismatch for '" + entry.path + "' (the archive is corrupt or was modified)");
+    ++listed_present;
+  }
+  if (listed_present == manifest.files.size()) return;
+  for (const auto& [path, record] : manifest.files) {
+    bool present = std::any_of(entries.begin(), entries.end(),
+                               [&](const ArchiveEntry& e) { return e.path == path; });
+    if (!present) fail("file '" + path + "' listed in manifest.json is missing from the archive");
+  }
+}
+
+const ArchiveEntry& find_entry(const std::vector<ArchiveEntry>& entries, const std::string& path) {
+  for (const ArchiveEntry& entry : entries)
+    if (entry.path == path) return entry;
+  fail("the archive has no '" + path + "'");
+}
+
+}  // namespace aotpack::detail

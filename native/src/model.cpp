@@ -1,0 +1,281 @@
+// aotpack::Model: verify the archive, extract it, build the constants, load model.so, run.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "aotpack/runtime.h"
+#include "archive.h"
+#include "compat.h"
+#include "host.h"
+#include "manifest.h"
+#include "safetensors.h"
+#include "tempdir.h"
+#include "tensor_handle.h"
+
+namespace aotpack {
+
+using detail::fail;
+
+namespace {
+
+// ---- model.so ----
+
+class ModelLibrary {
+ public:
+  aotpack_model_abi_version_fn abi_version = nullptr;
+  aotpack_model_create_fn create = nullptr;
+  aotpack_model_run_fn run = nullptr;
+  aotpack_model_destroy_fn destroy = nullptr;
+  aotpack_model_last_error_fn last_error = nullptr;
+
+  /// dlopen(RTLD_NOW | RTLD_LOCAL) and resolve the five exports; throws naming `label`.
+  void open(const std::string& path, const std::string& label) {
+    handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle_) {
+      const char* why = dlerror();
+      fail("cannot dlopen " + label + ": " + (why ? why : "unknown error"));
+    }
+    abi_version = resolve<aotpack_model_abi_version_fn>("aotpack_model_abi_version", label);
+    create = resolve<aotpack_model_create_fn>("aotpack_model_create", label);
+    run = resolve<aotpack_model_run_fn>("aotpack_model_run", label);
+    destroy = resolve<aotpack_model_destroy_fn>("aotpack_model_destroy", label);
+    last_error = resolve<aotpack_model_last_error_fn>("aotpack_model_last_error", label);
+  }
+
+  /// The model's own last-error message, never NULL.
+  std::string error_message() const {
+    const char* message = last_error ? last_error() : nullptr;
+    return message && *message ? message : "(model.so gave no message)";
+  }
+
+  ModelLibrary() = default;
+  ModelLibrary(const ModelLibrary&) = delete;
+  ModelLibrary& operator=(const ModelLibrary&) = delete;
+  ~ModelLibrary() {
+    if (handle_) dlclose(handle_);
+  }
+
+ private:
+  template <class Fn>
+  Fn resolve(const char* symbol, const std::string& label) {
+    void* address = dlsym(handle_, symbol);
+    if (!address) fail(label + " does not export " + symbol);
+    return reinterpret_cast<Fn>(address);
+  }
+
+  void* handle_ = nullptr;
+};
+
+// ---- constants ----
+
+bool same_strides(c10::IntArrayRef shape, c10::IntArrayRef got, c10::IntArrayRef want) {
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1 && got[d] != want[d]) return false;
+  return true;
+}
+
+// A tensor laid out exactly as `spec` says, filled from row-major bytes.
+at::Tensor tensor_from_bytes(const TensorSpec& spec, const char* bytes) {
+  const auto options = at::TensorOptions().dtype(spec.dtype);
+  at::Tensor tensor = at::empty_strided(spec.shape, spec.strides, options);
+  if (tensor.numel() == 0) return tensor;
+  const size_t nbytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
+  if (tensor.is_contiguous()) {  // row-major already: one memcpy (bytes may be unaligned)
+    std::memcpy(tensor.data_ptr(), bytes, nbytes);
+    return tensor;
+  }
+  at::Tensor row_major = at::empty(spec.shape, options);
+  std::memcpy(row_major.data_ptr(), bytes, nbytes);
+  tensor.copy_(row_major);
+  return tensor;
+}
+
+std::vector<at::Tensor> make_constants(const detail::Manifest& manifest,
+                                       const std::vector<detail::ArchiveEntry>& entries) {
+  if (manifest.constants.empty()) return {};
+  const std::string& weights = detail::find_entry(entries, detail::kWeightsPath).data;
+  std::map<std::string, detail::SafeTensorView> views;
+  try {
+    views = detail::parse_safetensors(weights);
+  } catch (const Error& e) {
+    fail(std::string(detail::kWeightsPath) + ": " + e.what());
+  }
+  std::vector<at::Tensor> constants;
+  for (const TensorSpec& spec : manifest.constants) {
+    auto it = views.find(spec.name);
+    if (it == views.end())
+      fail("constant '" + spec.name + "' is missing from " + detail::kWeightsPath);
+    const detail::SafeTensorView& view = it->second;
+    if (view.dtype != spec.dtype || view.shape != spec.shape)
+      fail("constant '" + spec.name + "': manifest.json says " + describe(spec.dtype, spec.shape) +
+           ", " + detail::kWeightsPath + " holds " + describe(view.dtype, view.shape));
+    constants.push_back(tensor_from_bytes(spec, view.data));
+  }
+  return constants;
+}
+
+void check_mutated_buffers(const detail::Manifest& manifest) {
+  for (const std::string& name : manifest.mutated_buffers) {
+    bool found = false;
+    for (const TensorSpec& c : manifest.constants) found = found || c.name == name;
+    if (!found) fail("mutated buffer '" + name + "' is not among the constants");
+  }
+}
+
+// ---- run-time checks ----
+
+std::string input_label(size_t i, const TensorSpec& spec) {
+  return "input " + std::to_string(i) + " ('" + spec.name + "')";
+}
+
+// Checks dtype and shape; copies into the manifest's strides when they differ.
+at::Tensor prepare_input(const at::Tensor& t, size_t i, const TensorSpec& spec) {
+  if (!t.defined()) fail(input_label(i, spec) + ": undefined tensor");
+  if (!t.device().is_cpu() || t.layout() != c10::kStrided)
+    fail(input_label(i, spec) + ": expected a dense CPU tensor, got " + t.toString());
+  if (t.scalar_type() != spec.dtype || !t.sizes().equals(spec.shape))
+    fail(input_label(i, spec) + ": expected " + describe(spec.dtype, spec.shape) + ", got " +
+         describe(t.scalar_type(), t.sizes().vec()));
+  if (same_strides(t.sizes(), t.strides(), spec.strides)) return t;
+  at::Tensor copy = at::empty_strided(spec.shape, spec.strides, t.options());
+  copy.copy_(t);
+  return copy;
+}
+
+void check_output(const at::Tensor& t, size_t i, const TensorSpec& spec) {
+  const std::string label = "output " + std::to_string(i) + " ('" + spec.name + "')";
+  if (!t.defined()) fail(label + ": model.so returned no tensor");
+  if (t.scalar_type() != spec.dtype || !t.sizes().equals(spec.shape))
+    fail(label + ": model.so returned " + describe(t.scalar_type(), t.sizes().vec()) +
+         ", the manifest says " + describe(spec.dtype, spec.shape));
+}
+
+}  // namespace
+
+// ---- Model::Impl ----
+
+// Hidden: only Model's own members are the library's interface.
+struct __attribute__((visibility("hidden"))) Model::Impl {
+  std::string archive_path;
+  detail::Manifest manifest;
+  std::vector<at::Tensor> constants;  // manifest order; model.so borrows them
+  detail::TempDir dir;
+  ModelLibrary library;  // declared after dir: unloaded before the folder is removed
+  void* instance = nullptr;
+  std::mutex run_mutex;  // runs are serialised: the model may write its buffers in place
+
+  ~Impl() {
+    if (instance) library.destroy(instance);
+  }
+
+  void load(int32_t device_limit);
+  void write_files(const std::vector<detail::ArchiveEntry>& entries);
+  void create_instance(int32_t device_limit);
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+};
+
+void Model::Impl::load(int32_t device_limit) {
+  if (device_limit < 0) fail("device_limit must be >= 0, got " + std::to_string(device_limit));
+  // 1. Everything is read and verified in memory before a byte is written or loaded.
+  std::vector<detail::ArchiveEntry> entries = detail::read_archive(archive_path);
+  manifest = detail::parse_manifest(detail::find_entry(entries, detail::kManifestPath).data);
+  detail::verify_files(manifest, entries);
+  detail::check_compatibility(manifest);
+  check_mutated_buffers(manifest);
+  c10::InferenceMode inference;
+  constants = make_constants(manifest, entries);
+  // 2. Only now: extract, dlopen, create.
+  write_files(entries);
+  entries = {};  // the extracted copies and the constants are all we keep
+  library.open(dir.path() + "/" + manifest.model_library, manifest.model_library);
+  const int32_t abi = library.abi_version();
+  if (abi != AOTPACK_MODEL_ABI_VERSION)
+    fail(manifest.model_library + " implements model ABI " + std::to_string(abi) +
+         ", this runtime implements " + std::to_string(AOTPACK_MODEL_ABI_VERSION));
+  create_instance(device_limit);
+}
+
+void Model::Impl::write_files(const std::vector<detail::ArchiveEntry>& entries) {
+  dir = detail::TempDir::create();
+  for (const detail::ArchiveEntry& entry : entries) {
+    const bool shared_object =
+        entry.path.size() > 3 && entry.path.compare(entry.path.size() - 3, 3, ".so") == 0;
+    dir.write_file(entry.path, entry.data, shared_object ? 0755 : 0644);
+  }
+}
+
+void Model::Impl::create_instance(int32_t device_limit) {
+  std::vector<AotpackTensor> handles;
+  for (const at::Tensor& c : constants) handles.push_back(detail::borrow_handle(c));
+  int32_t rc = library.create(detail::host_table(), dir.path().c_str(), handles.data(),
+                              static_cast<int64_t>(handles.size()), device_limit, &instance);
+  if (rc != 0) {
+    instance = nullptr;
+    fail("aotpack_model_create failed: " + library.error_message());
+  }
+  if (!instance) fail("aotpack_model_create returned no instance");
+}
+
+std::vector<at::Tensor> Model::Impl::run(const std::vector<at::Tensor>& inputs) {
+  const std::vector<TensorSpec>& in_specs = manifest.inputs;
+  const std::vector<TensorSpec>& out_specs = manifest.outputs;
+  if (inputs.size() != in_specs.size())
+    fail("expected " + std::to_string(in_specs.size()) + " input(s), got " +
+         std::to_string(inputs.size()));
+  std::lock_guard<std::mutex> lock(run_mutex);
+  c10::InferenceMode inference;
+  std::vector<at::Tensor> prepared;
+  prepared.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    prepared.push_back(prepare_input(inputs[i], i, in_specs[i]));
+  std::vector<AotpackTensor> in_handles;
+  for (const at::Tensor& t : prepared) in_handles.push_back(detail::borrow_handle(t));
+  std::vector<AotpackTensor> out_handles(out_specs.size(), nullptr);
+  int32_t rc = library.run(instance, in_handles.data(), static_cast<int64_t>(in_handles.size()),
+                           out_handles.data(), static_cast<int64_t>(out_handles.size()));
+  std::vector<at::Tensor> outputs;  // take every handle first: nothing leaks on error
+  for (AotpackTensor h : out_handles) outputs.push_back(h ? detail::take_handle(h) : at::Tensor());
+  if (rc != 0) fail("aotpack_model_run failed: " + library.error_message());
+  for (size_t i = 0; i < outputs.size(); ++i) check_output(outputs[i], i, out_specs[i]);
+  return outputs;
+}
+
+// ---- Model ----
+
+Model Model::load(const std::string& archive_path, int32_t device_limit) {
+  auto impl = std::make_unique<Impl>();
+  impl->archive_path = archive_path;
+  try {
+    impl->load(device_limit);
+  } catch (const std::exception& e) {
+    throw Error("cannot load '" + archive_path + "': " + detail::exception_message(e));
+  }
+  return Model(std::move(impl));
+}
+
+std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs) {
+  if (!impl_) throw Error("run() on a moved-from aotpack::Model");
+  try {
+    return impl_->run(inputs);
+  } catch (const std::exception& e) {
+    throw Error("model '" + name() + "' " + version() + ": " + detail::exception_message(e));
+  }
+}
+
+const std::string& Model::name() const { return impl_->manifest.name; }
+const std::string& Model::version() const { return impl_->manifest.version; }
+const std::vector<TensorSpec>& Model::inputs() const { return impl_->manifest.inputs; }
+const std::vector<TensorSpec>& Model::outputs() const { return impl_->manifest.outputs; }
+const std::string& Model::manifest_json() const { return impl_->manifest.text; }
+const std::string& Model::archive_path() const { return impl_->archive_path; }
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+}  // namespace aotpack

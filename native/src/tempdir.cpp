@@ -1,0 +1,88 @@
+#include "tempdir.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "util.h"
+
+namespace aotpack::detail {
+namespace {
+
+std::string errno_message(const std::string& what, const std::string& path) {
+  return "cannot " + what + " '" + path + "': " + std::strerror(errno);
+}
+
+void make_parents(const std::string& root, const std::string& relative_path) {
+  size_t slash = relative_path.find('/');
+  while (slash != std::string::npos) {
+    const std::string dir = root + "/" + relative_path.substr(0, slash);
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) fail(errno_message("create", dir));
+    slash = relative_path.find('/', slash + 1);
+  }
+}
+
+void write_all(int fd, const std::string& data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(errno_message("write", path));
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+TempDir TempDir::create() {
+  const char* base = std::getenv("TMPDIR");
+  std::string templ = std::string(base && *base ? base : "/tmp") + "/aotpack-XXXXXX";
+  std::vector<char> buffer(templ.begin(), templ.end());
+  buffer.push_back('\0');
+  if (mkdtemp(buffer.data()) == nullptr) fail(errno_message("create a temp folder like", templ));
+  return TempDir(std::string(buffer.data()));
+}
+
+void TempDir::write_file(const std::string& relative_path, const std::string& data,
+                         unsigned mode) const {
+  make_parents(path_, relative_path);
+  const std::string full = path_ + "/" + relative_path;
+  // O_EXCL | O_NOFOLLOW: never write through something that appeared there meanwhile.
+  int fd = ::open(full.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) fail(errno_message("create", full));
+  try {
+    write_all(fd, data, full);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) fail(errno_message("close", full));
+}
+
+TempDir::TempDir(TempDir&& other) noexcept : path_(std::move(other.path_)) { other.path_.clear(); }
+
+TempDir& TempDir::operator=(TempDir&& other) noexcept {
+  if (this != &other) {
+    remove();
+    path_ = std::move(other.path_);
+    other.path_.clear();
+  }
+  return *this;
+}
+
+TempDir::~TempDir() { remove(); }
+
+void TempDir::remove() noexcept {
+  if (path_.empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+  path_.clear();
+}
+
+}  // namespace aotpack::detail

@@ -1,0 +1,468 @@
+// Unit tests of the runtime's parts that need no archive: paths, .npy, safetensors, manifest,
+// CPU features, the host table, the temp folder. End-to-end tests over a real archive are in
+// tests/test_native_runtime.py. Exit status 0 when every check passes.
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/ones.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "../src/archive.h"
+#include "../src/compat.h"
+#include "../src/host.h"
+#include "../src/manifest.h"
+#include "../src/safetensors.h"
+#include "../src/tempdir.h"
+#include "../src/tensor_handle.h"
+#include "aotpack/runtime.h"
+#include "npy.h"
+
+namespace {
+
+int g_failures = 0, g_checks = 0;
+
+#define EXPECT(cond)                                                       \
+  do {                                                                     \
+    ++g_checks;                                                            \
+    if (!(cond)) {                                                         \
+      ++g_failures;                                                        \
+      std::fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                      \
+  } while (0)
+
+// Runs `body`, expecting an exception whose message contains `needle`.
+void check_throws(const char* file, int line, const std::function<void()>& body,
+                  const std::string& needle) {
+  ++g_checks;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::string message = aotpack::detail::exception_message(e);
+    if (message.find(needle) != std::string::npos) return;
+    ++g_failures;
+    std::fprintf(stderr, "FAIL %s:%d: message '%s' lacks '%s'\n", file, line, message.c_str(),
+                 needle.c_str());
+    return;
+  }
+  ++g_failures;
+  std::fprintf(stderr, "FAIL %s:%d: no exception (expected '%s')\n", file, line, needle.c_str());
+}
+#define EXPECT_THROWS(body, needle) check_throws(__FILE__, __LINE__, [&] { body; }, needle)
+
+using aotpack::detail::borrow_handle;
+using aotpack::detail::take_handle;
+
+// ---- archive paths ----
+
+void test_entry_paths() {
+  aotpack::detail::check_entry_path("model/model.so");
+  aotpack::detail::check_entry_path("kernels/k0/static_kernel/abc/kernel.so");
+  EXPECT_THROWS(aotpack::detail::check_entry_path("/etc/passwd"), "absolute path");
+  EXPECT_THROWS(aotpack::detail::check_entry_path("../evil"), "'..' component");
+  EXPECT_THROWS(aotpack::detail::check_entry_path("a/../../b"), "'..' component");
+  EXPECT_THROWS(aotpack::detail::check_entry_path("a//b"), "not a normalised");
+  EXPECT_THROWS(aotpack::detail::check_entry_path("./a"), "not a normalised");
+  EXPECT_THROWS(aotpack::detail::check_entry_path(""), "empty path");
+  EXPECT_THROWS(aotpack::detail::check_entry_path("a\\..\\b"), "backslash");
+}
+
+// ---- .npy ----
+
+void test_npy_round_trip() {
+  const std::vector<c10::ScalarType> types = {
+      c10::ScalarType::Float, c10::ScalarType::Double, c10::ScalarType::Half,
+      c10::ScalarType::Long,  c10::ScalarType::Int,    c10::ScalarType::Short,
+      c10::ScalarType::Char,  c10::ScalarType::Byte,   c10::ScalarType::Bool};
+  for (c10::ScalarType type : types) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{}, {5}, {2, 3}, {0, 4}}) {
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      std::string data(numel * c10::elementSize(type), '\x01');
+      const std::string file = aotpack::npy::encode(type, shape, data.data(), data.size());
+      EXPECT((file.size() - data.size()) % 64 == 0);  // data is 64-byte aligned
+      const aotpack::npy::Array back = aotpack::npy::parse(file, "t.npy");
+      EXPECT(back.dtype == type && back.shape == shape && back.data == data);
+    }
+  }
+}
+
+std::string npy_with_header(const std::string& dict, size_t data_bytes) {
+  std::string header = dict + "\n";
+  std::string file = std::string("\x93NUMPY\x01\x00", 8);
+  file += static_cast<char>(header.size() & 0xff);
+  file += static_cast<char>(header.size() >> 8);
+  return file + header + std::string(data_bytes, '\0');
+}
+
+void test_npy_errors() {
+  EXPECT_THROWS(aotpack::npy::parse("hello", "a.npy"), "a.npy: not a .npy file");
+  EXPECT_THROWS(
+      aotpack::npy::parse(
+          npy_with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16),
+          "f.npy"),
+      "Fortran-order");
+  EXPECT_THROWS(
+      aotpack::npy::parse(
+          npy_with_header("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8), "b.npy"),
+      "big-endian");
+  EXPECT_THROWS(
+      aotpack::npy::parse(
+          npy_with_header("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", 16),
+          "c.npy"),
+      "unsupported dtype '<c8'");
+  EXPECT_THROWS(
+      aotpack::npy::parse(
+          npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", 8), "s.npy"),
+      "holds 8 data bytes");
+  EXPECT_THROWS(
+      aotpack::npy::parse(npy_with_header("{'descr': '<f4', 'shape': (2,), }", 8), "m.npy"),
+      "missing");
+  const auto ok = aotpack::npy::parse(
+      npy_with_header("{\"descr\": \"|u1\", \"fortran_order\": False, \"shape\": (3,)}", 3),
+      "ok.npy");
+  EXPECT(ok.dtype == c10::ScalarType::Byte && ok.shape == std::vector<int64_t>{3});
+  EXPECT_THROWS(aotpack::npy::encode(c10::ScalarType::BFloat16, {1}, "ab", 2),
+                "no .npy equivalent");
+}
+
+// ---- safetensors ----
+
+std::string safetensors_file(const nlohmann::json& header, const std::string& data) {
+  const std::string text = header.dump();
+  std::string file;
+  for (int i = 0; i < 8; ++i) file += static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  return file + text + data;
+}
+
+void test_safetensors() {
+  nlohmann::json header = {{"__metadata__", {{"k", "v"}}},
+                           {"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
+                           {"m", {{"dtype", "BOOL"}, {"shape", {3}}, {"data_offsets", {8, 11}}}}};
+  const std::string file = safetensors_file(header, std::string(11, '\x02'));
+  const auto views = aotpack::detail::parse_safetensors(file);
+  EXPECT(views.size() == 2);
+  EXPECT(views.at("a").dtype == c10::ScalarType::Float && views.at("a").nbytes == 8);
+  EXPECT(views.at("m").dtype == c10::ScalarType::Bool &&
+         views.at("m").shape == std::vector<int64_t>{3});
+
+  header["a"]["data_offsets"] = {0, 12};
+  EXPECT_THROWS(aotpack::detail::parse_safetensors(safetensors_file(header, std::string(11, 0))),
+                "outside the file");
+  header["a"]["data_offsets"] = {0, 4};
+  EXPECT_THROWS(aotpack::detail::parse_safetensors(safetensors_file(header, std::string(11, 0))),
+                "needs 8");
+  header["a"] = {{"dtype", "C64"}, {"shape", {1}}, {"data_offsets", {0, 8}}};
+  EXPECT_THROWS(aotpack::detail::parse_safetensors(safetensors_file(header, std::string(11, 0))),
+                "'C64'");
+  EXPECT_THROWS(
+      aotpack::detail::parse_safetensors(std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10)),
+      "header length exceeds");
+  EXPECT_THROWS(aotpack::detail::parse_safetensors("abc"), "shorter");
+}
+
+// ---- manifest ----
+
+nlohmann::json minimal_manifest() {
+  return {
+      {"format_version", 1},
+      {"name", "m"},
+      {"version", "1.0.0"},
+      {"torch_version", "2.13.0"},
+      {"backend", "cpu"},
+      {"target_isa", {{"march", "x86-64"}, {"features", nlohmann::json::array()}}},
+      {"model", {{"library", "model/model.so"}, {"abi_version", 1}}},
+      {"constants", nlohmann::json::array()},
+      {"inputs", {{{"name", "x"}, {"dtype", "float32"}, {"shape", {2, 3}}, {"strides", {3, 1}}}}},
+      {"outputs", nlohmann::json::array()},
+      {"files", {{"model/model.so", {{"sha256", std::string(64, 'a')}, {"size", 3}}}}}};
+}
+
+void test_manifest() {
+  const auto m = aotpack::detail::parse_manifest(minimal_manifest().dump());
+  EXPECT(m.name == "m" && m.inputs.size() == 1 && m.inputs[0].dtype == c10::ScalarType::Float);
+  EXPECT(m.inputs[0].strides == (std::vector<int64_t>{3, 1}));
+
+  auto j = minimal_manifest();
+  j["format_version"] = 2;
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "format_version 2 is not supported");
+  j = minimal_manifest();
+  j.erase("name");
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "manifest.json: name: missing");
+  j = minimal_manifest();
+  j["inputs"][0]["dtype"] = "complex64";
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()),
+                "inputs[0].dtype: unknown dtype 'complex64'");
+  j = minimal_manifest();
+  j["inputs"][0]["strides"] = {1};
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "differ in length");
+  EXPECT_THROWS(aotpack::detail::parse_manifest("{not json"), "not valid JSON");
+
+  // files vs entries
+  const std::vector<aotpack::detail::ArchiveEntry> good = {{"manifest.json", "{}"},
+                                                           {"model/model.so", "abc"}};
+  j = minimal_manifest();
+  j["files"]["model/model.so"]["sha256"] =
+      "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";  // sha256("abc")
+  aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()), good);
+  EXPECT_THROWS(aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()),
+                                              {{"manifest.json", "{}"}, {"model/model.so", "abd"}}),
+                "sha256 mismatch for 'model/model.so'");
+  EXPECT_THROWS(aotpack::detail::verify_files(
+                    aotpack::detail::parse_manifest(j.dump()),
+                    {{"manifest.json", "{}"}, {"model/model.so", "abc"}, {"x", ""}}),
+                "'x' is not listed");
+  EXPECT_THROWS(aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()),
+                                              {{"manifest.json", "{}"}}),
+                "'model/model.so' listed in manifest.json is missing");
+}
+
+// ---- compatibility ----
+
+void test_compat() {
+  EXPECT(aotpack::detail::missing_cpu_features({"sse2", "SSE2"}).empty());
+  const auto missing = aotpack::detail::missing_cpu_features({"warp9"});
+  EXPECT(missing.size() == 1 && missing[0].find("unknown feature name") != std::string::npos);
+  for (const char* alias : {"sse4_2", "sse4.2", "avx512_vnni", "avx512vnni"}) {
+    const auto m = aotpack::detail::missing_cpu_features({alias});
+    EXPECT(m.empty() || m[0].find("unknown") == std::string::npos);
+  }
+  auto manifest = aotpack::detail::parse_manifest(minimal_manifest().dump());
+  manifest.torch_version = "1.13.1";
+  EXPECT_THROWS(aotpack::detail::check_compatibility(manifest), "built with torch 1.13.1");
+  manifest = aotpack::detail::parse_manifest(minimal_manifest().dump());
+  manifest.backend = "npu";
+  EXPECT_THROWS(aotpack::detail::check_compatibility(manifest), "backend 'npu'");
+  manifest = aotpack::detail::parse_manifest(minimal_manifest().dump());
+  manifest.isa_features = {"warp9"};
+  EXPECT_THROWS(aotpack::detail::check_compatibility(manifest), "'warp9' (unknown feature name");
+}
+
+// ---- host table ----
+
+const AotpackHostV1& host() { return *aotpack::detail::host_table(); }
+
+void* op(const char* name, const char* overload) {
+  void* handle = nullptr;
+  if (host().find_op(name, overload, &handle) != 0)
+    std::fprintf(stderr, "find_op: %s\n", host().last_error());
+  return handle;
+}
+
+AotpackArg targ(const at::Tensor& t) {
+  AotpackArg a{};
+  a.kind = AOTPACK_ARG_TENSOR;
+  a.v.tensor = borrow_handle(t);
+  return a;
+}
+
+AotpackArg iarg(int32_t kind, int64_t i) {
+  AotpackArg a{};
+  a.kind = kind;
+  a.v.i = i;
+  return a;
+}
+
+AotpackArg list_arg(int32_t kind, const void* items, int64_t len) {
+  AotpackArg a{};
+  a.kind = kind;
+  a.len = len;
+  a.v.ints = static_cast<const int64_t*>(items);
+  return a;
+}
+
+at::Tensor call1(void* o, const std::vector<AotpackArg>& args) {
+  AotpackTensor out = nullptr;
+  if (host().call_op(o, args.data(), args.size(), &out, 1) != 0) {
+    std::fprintf(stderr, "call_op: %s\n", host().last_error());
+    return at::Tensor();
+  }
+  return take_handle(out);
+}
+
+void test_host_ops() {
+  void* dummy = nullptr;
+  EXPECT(host().find_op("aten::no_such_op", "", &dummy) != 0);
+  EXPECT(std::string(host().last_error()).find("unknown operator 'aten::no_such_op'") !=
+         std::string::npos);
+  EXPECT(op("aten::addmm", "") == op("aten::addmm", ""));  // handles are cached
+
+  const at::Tensor a = at::arange(6, at::kFloat).view({2, 3});
+  // Scalar argument given as DOUBLE, alpha left to its default.
+  const at::Tensor doubled = call1(op("aten::mul", "Scalar"), {targ(a), [] {
+                                                                 AotpackArg d{};
+                                                                 d.kind = AOTPACK_ARG_DOUBLE;
+                                                                 d.v.d = 2.0;
+                                                                 return d;
+                                                               }()});
+  EXPECT(doubled.defined() && at::equal(doubled, a.mul(2)));
+  // INT_LIST + BOOL + NONE (sum.dim_IntList(self, int[1]? dim, bool keepdim, *, ScalarType?
+  // dtype)).
+  const int64_t dim1[] = {1};
+  const at::Tensor sums =
+      call1(op("aten::sum", "dim_IntList"),
+            {targ(a), list_arg(AOTPACK_ARG_INT_LIST, dim1, 1), iarg(AOTPACK_ARG_BOOL, 1),
+             iarg(AOTPACK_ARG_SCALAR_TYPE, AOTPACK_DTYPE_FLOAT64)});
+  EXPECT(sums.defined() && sums.scalar_type() == at::kDouble &&
+         sums.sizes() == c10::IntArrayRef({2, 1}));
+  // STRING (div.Tensor_mode rounding_mode).
+  AotpackArg mode{};
+  mode.kind = AOTPACK_ARG_STRING;
+  mode.v.str = "floor";
+  const at::Tensor three = at::full_like(a, 3);
+  const at::Tensor floored = call1(op("aten::div", "Tensor_mode"), {targ(a), targ(three), mode});
+  EXPECT(floored.defined() && floored[1][2].item<float>() == 1.0f);
+  // DEVICE, LAYOUT, MEMORY_FORMAT (empty.memory_format).
+  AotpackArg device{};
+  device.kind = AOTPACK_ARG_DEVICE;
+  device.v.str = "cpu";
+  const int64_t size[] = {3, 2};
+  const at::Tensor empty =
+      call1(op("aten::empty", "memory_format"),
+            {list_arg(AOTPACK_ARG_INT_LIST, size, 2),
+             iarg(AOTPACK_ARG_SCALAR_TYPE, AOTPACK_DTYPE_INT32), iarg(AOTPACK_ARG_LAYOUT, 0),
+             device, iarg(AOTPACK_ARG_NONE, 0), iarg(AOTPACK_ARG_MEMORY_FORMAT, 0)});
+  EXPECT(empty.defined() && empty.scalar_type() == at::kInt &&
+         empty.sizes() == c10::IntArrayRef({3, 2}));
+  // Tensor?[] with a NULL entry (index.Tensor: a[:, idx]).
+  const at::Tensor idx = at::arange(2, at::kLong);
+  const AotpackTensor indices[] = {nullptr, borrow_handle(idx)};
+  const at::Tensor picked =
+      call1(op("aten::index", "Tensor"), {targ(a), list_arg(AOTPACK_ARG_TENSOR_LIST, indices, 2)});
+  EXPECT(picked.defined() && picked.sizes() == c10::IntArrayRef({2, 2}) &&
+         picked[1][1].item<float>() == 4.0f);
+  // Tensor[] argument (cat) and Tensor[] result (split).
+  const AotpackTensor pair[] = {borrow_handle(a), borrow_handle(a)};
+  const at::Tensor cat = call1(
+      op("aten::cat", ""), {list_arg(AOTPACK_ARG_TENSOR_LIST, pair, 2), iarg(AOTPACK_ARG_INT, 0)});
+  EXPECT(cat.defined() && cat.size(0) == 4);
+  AotpackTensor parts[3] = {};
+  const AotpackArg split_args[] = {targ(cat), iarg(AOTPACK_ARG_INT, 2), iarg(AOTPACK_ARG_INT, 0)};
+  EXPECT(host().call_op(op("aten::split", "Tensor"), split_args, 3, parts, 2) == 0);
+  EXPECT(parts[0] && parts[1] && at::equal(*reinterpret_cast<at::Tensor*>(parts[1]), a));
+  host().release(parts[0]);
+  host().release(parts[1]);
+  EXPECT(host().call_op(op("aten::split", "Tensor"), split_args, 3, parts, 3) != 0);
+  EXPECT(std::string(host().last_error()).find("returned 2 tensor(s), the caller expected 3") !=
+         std::string::npos);
+  EXPECT(parts[0] == nullptr && parts[2] == nullptr);
+}
+
+void test_host_op_errors() {
+  AotpackTensor out = nullptr;
+  const AotpackArg none_self[] = {iarg(AOTPACK_ARG_NONE, 0)};
+  EXPECT(host().call_op(op("aten::relu", ""), none_self, 1, &out, 1) != 0);
+  EXPECT(std::string(host().last_error()).find("aten::relu argument 0 ('self'): None") !=
+         std::string::npos);
+  const at::Tensor a = at::ones({2});
+  const AotpackArg too_many[] = {targ(a), targ(a)};
+  EXPECT(host().call_op(op("aten::relu", ""), too_many, 2, &out, 1) != 0);
+  EXPECT(std::string(host().last_error()).find("takes 1 arguments, got 2") != std::string::npos);
+  const at::Tensor b = at::ones({3});
+  const AotpackArg mismatch[] = {targ(a), targ(b)};
+  EXPECT(host().call_op(op("aten::add", "Tensor"), mismatch, 2, &out, 1) != 0);
+  EXPECT(std::string(host().last_error()).find("aten::add.Tensor failed:") != std::string::npos);
+  const AotpackArg bad_kind[] = {iarg(99, 0)};
+  EXPECT(host().call_op(op("aten::relu", ""), bad_kind, 1, &out, 1) != 0);
+  EXPECT(out == nullptr);
+}
+
+void test_host_tensors() {
+  const int64_t sizes[] = {2, 3}, strides[] = {1, 2};
+  AotpackTensor t = nullptr;
+  EXPECT(host().empty_strided(2, sizes, strides, AOTPACK_DTYPE_FLOAT32, &t) == 0);
+  EXPECT(host().check_layout(t, 2, sizes, strides, AOTPACK_DTYPE_FLOAT32) == 0);
+  const int64_t row_major[] = {3, 1};
+  EXPECT(host().check_layout(t, 2, sizes, row_major, AOTPACK_DTYPE_FLOAT32) != 0);
+  EXPECT(
+      std::string(host().last_error()) ==
+      "layout mismatch: expected float32[2, 3] strides [3, 1], got float32[2, 3] strides [1, 2]");
+  EXPECT(host().check_layout(t, 2, sizes, strides, AOTPACK_DTYPE_FLOAT64) != 0);
+  const at::Tensor src = at::arange(6, at::kFloat).view({2, 3});
+  EXPECT(host().copy_(t, borrow_handle(src)) == 0);
+  EXPECT(at::equal(aotpack::detail::unwrap(t), src));
+  // as_strided: row 1 of the transposed storage, offset relative to the base's own offset.
+  const int64_t one_size[] = {3}, one_stride[] = {2};
+  AotpackTensor row = nullptr;
+  EXPECT(host().as_strided(t, 1, one_size, one_stride, 1, &row) == 0);
+  EXPECT(at::equal(aotpack::detail::unwrap(row), src[1]));
+  AotpackTensor elem = nullptr;
+  const int64_t scalar_size[] = {1}, scalar_stride[] = {1};
+  EXPECT(host().as_strided(row, 1, scalar_size, scalar_stride, 2, &elem) == 0);  // src[1][1]
+  void* p = nullptr;
+  EXPECT(host().data_ptr(elem, &p) == 0 && *static_cast<float*>(p) == 4.0f);
+  // size-1 dimensions ignore their stride
+  const int64_t any_stride[] = {99};
+  EXPECT(host().check_layout(elem, 1, scalar_size, any_stride, AOTPACK_DTYPE_FLOAT32) == 0);
+  EXPECT(host().empty_strided(1, one_size, one_stride, 1234, &elem) != 0);
+  EXPECT(std::string(host().last_error()) == "invalid dtype code 1234");
+  EXPECT(host().data_ptr(nullptr, &p) != 0);
+  host().release(elem);
+  host().release(row);
+  host().release(t);
+  host().release(nullptr);
+}
+
+// ---- temp folder and load errors ----
+
+void test_temp_dir() {
+  std::string path;
+  {
+    auto dir = aotpack::detail::TempDir::create();
+    path = dir.path();
+    dir.write_file("a/b/c.so", "xyz", 0755);
+    EXPECT(std::filesystem::status(path).permissions() == std::filesystem::perms::owner_all);
+    EXPECT(std::filesystem::file_size(path + "/a/b/c.so") == 3);
+    EXPECT_THROWS(dir.write_file("a/b/c.so", "again", 0644), "cannot create");
+  }
+  EXPECT(!std::filesystem::exists(path));
+}
+
+void test_load_errors() {
+  EXPECT_THROWS(aotpack::Model::load("/nonexistent/m.aotpack"),
+                "cannot load '/nonexistent/m.aotpack': No such file");
+  aotpack_model_t* model = reinterpret_cast<aotpack_model_t*>(0x1);
+  EXPECT(aotpack_model_load("/nonexistent/m.aotpack", 0, &model) != 0 && model == nullptr);
+  EXPECT(std::string(aotpack_last_error()).find("No such file") != std::string::npos);
+  EXPECT(aotpack_model_load(nullptr, 0, &model) != 0);
+  EXPECT(aotpack_model_run(nullptr, nullptr, 0, nullptr, 0) != 0);
+}
+
+void test_c_tensors() {
+  const float values[] = {1, 2, 3, 4, 5, 6};
+  const int64_t sizes[] = {2, 3}, strides[] = {1, 2};
+  AotpackTensor t = nullptr;
+  EXPECT(aotpack_tensor_new(AOTPACK_DTYPE_FLOAT32, 2, sizes, strides, values, &t) == 0);
+  int32_t dtype = -1;
+  int64_t ndim = -1;
+  const int64_t* got_strides = nullptr;
+  EXPECT(aotpack_tensor_info(t, &dtype, &ndim, nullptr, &got_strides, nullptr) == 0);
+  EXPECT(dtype == AOTPACK_DTYPE_FLOAT32 && ndim == 2 && got_strides[0] == 1 && got_strides[1] == 2);
+  EXPECT(aotpack::detail::unwrap(t)[1][0].item<float>() == 4.0f);
+  aotpack_tensor_free(t);
+  EXPECT(aotpack_tensor_new(99, 2, sizes, nullptr, nullptr, &t) != 0 && t == nullptr);
+}
+
+}  // namespace
+
+int main() {
+  test_entry_paths();
+  test_npy_round_trip();
+  test_npy_errors();
+  test_safetensors();
+  test_manifest();
+  test_compat();
+  test_host_ops();
+  test_host_op_errors();
+  test_host_tensors();
+  test_temp_dir();
+  test_load_errors();
+  test_c_tensors();
+  std::printf("%d/%d checks passed\n", g_checks - g_failures, g_checks);
+  return g_failures == 0 ? 0 : 1;
+}

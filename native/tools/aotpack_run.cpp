@@ -1,0 +1,292 @@
+// aotpack-run: load a .aotpack archive, run it on .npy inputs, write or print the outputs,
+// optionally time it. Exit status 0 on success, 1 on any error, 2 on a usage error.
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "aotpack/runtime.h"
+#include "npy.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: aotpack-run ARCHIVE INPUT.npy... [--output OUT.npz] [--bench N] [--warmup W]\n"
+    "                   [--device-limit C]\n"
+    "\n"
+    "Load a .aotpack archive, run it once on the given .npy inputs (manifest order) and\n"
+    "print each output's name, dtype, shape and first values.\n"
+    "\n"
+    "  --output OUT.npz   write the outputs to OUT.npz instead (members named after the\n"
+    "                     manifest's output names, else output_0, output_1, ...; written\n"
+    "                     atomically)\n"
+    "  --bench N          after W warm-up runs, time N runs and print\n"
+    "                       load_ms=<ms>\n"
+    "                       latency_us median=<us> p10=<us> p90=<us> runs=<N>\n"
+    "  --warmup W         warm-up runs before timing (default 10)\n"
+    "  --device-limit C   cores the kernels may use (default 0: the build-time limit)\n"
+    "  -h, --help         show this help\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string archive;
+  std::vector<std::string> inputs;
+  std::string output;
+  int64_t bench_runs = 0;
+  int64_t warmup_runs = 10;
+  int32_t device_limit = 0;
+  bool help = false;
+};
+
+int64_t parse_count(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
+  char* end = nullptr;
+  errno = 0;
+  long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value < min || value > max)
+    throw UsageError(flag + " expects an integer in [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "], got '" + text + "'");
+  return value;
+}
+
+// "--flag value" or "--flag=value"; returns false when `arg` is not `flag`.
+bool take_value(const std::string& flag, int argc, char** argv, int* i, std::string* value) {
+  const std::string arg = argv[*i];
+  if (arg.rfind(flag + "=", 0) == 0) {
+    *value = arg.substr(flag.size() + 1);
+    return true;
+  }
+  if (arg != flag) return false;
+  if (*i + 1 >= argc) throw UsageError(flag + " needs a value");
+  *value = argv[++*i];
+  return true;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options opt;
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    std::string value;
+    if (arg == "-h" || arg == "--help") {
+      opt.help = true;
+    } else if (take_value("--output", argc, argv, &i, &value)) {
+      if (value.empty()) throw UsageError("--output needs a file name");
+      opt.output = value;
+    } else if (take_value("--bench", argc, argv, &i, &value)) {
+      opt.bench_runs = parse_count("--bench", value, 1, 100000000);
+    } else if (take_value("--warmup", argc, argv, &i, &value)) {
+      opt.warmup_runs = parse_count("--warmup", value, 0, 100000000);
+    } else if (take_value("--device-limit", argc, argv, &i, &value)) {
+      opt.device_limit = static_cast<int32_t>(parse_count("--device-limit", value, 0, 1 << 20));
+    } else if (arg.size() > 1 && arg[0] == '-') {
+      throw UsageError("unknown option '" + arg + "'");
+    } else {
+      positional.push_back(arg);
+    }
+  }
+  if (opt.help) return opt;
+  if (positional.empty()) throw UsageError("missing ARCHIVE");
+  opt.archive = positional.front();
+  opt.inputs.assign(positional.begin() + 1, positional.end());
+  return opt;
+}
+
+// ---- inputs ----
+
+std::string signature(const std::vector<aotpack::TensorSpec>& specs) {
+  std::string out;
+  for (const auto& s : specs)
+    out += (out.empty() ? "" : ", ") + s.name + ": " + aotpack::describe(s.dtype, s.shape);
+  return out;
+}
+
+at::Tensor tensor_from_array(const aotpack::npy::Array& array) {
+  at::Tensor t = at::empty(array.shape, at::TensorOptions().dtype(array.dtype));
+  if (!array.data.empty()) std::memcpy(t.data_ptr(), array.data.data(), array.data.size());
+  return t;
+}
+
+at::Tensor load_input(const std::string& path, size_t index, const aotpack::TensorSpec& spec) {
+  const aotpack::npy::Array array = aotpack::npy::read(path);
+  at::Tensor t = tensor_from_array(array);
+  // .npy has no bfloat16: accept float32 data for a bfloat16 input and convert it.
+  if (spec.dtype == c10::ScalarType::BFloat16 && array.dtype == c10::ScalarType::Float)
+    t = t.to(c10::ScalarType::BFloat16);
+  if (t.scalar_type() != spec.dtype || array.shape != spec.shape)
+    throw aotpack::Error("input " + std::to_string(index) + " ('" + spec.name + "'): expected " +
+                         aotpack::describe(spec.dtype, spec.shape) + ", got " +
+                         aotpack::describe(array.dtype, array.shape) + " from " + path);
+  return t;
+}
+
+std::vector<at::Tensor> load_inputs(const Options& opt, const aotpack::Model& model) {
+  const auto& specs = model.inputs();
+  if (opt.inputs.size() != specs.size())
+    throw aotpack::Error("model '" + model.name() + "' takes " + std::to_string(specs.size()) +
+                         " input(s) (" + signature(specs) + "), got " +
+                         std::to_string(opt.inputs.size()) + " .npy file(s)");
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < specs.size(); ++i)
+    inputs.push_back(load_input(opt.inputs[i], i, specs[i]));
+  return inputs;
+}
+
+// ---- outputs ----
+
+bool is_safe_member_name(const std::string& name) {
+  if (name.empty() || name[0] == '.' || name.size() > 200) return false;
+  return std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+// Manifest output names where they are usable as zip member names, else output_<i>.
+std::vector<std::string> output_names(const aotpack::Model& model) {
+  std::vector<std::string> names;
+  std::set<std::string> used;
+  for (size_t i = 0; i < model.outputs().size(); ++i) {
+    std::string name = model.outputs()[i].name;
+    if (!is_safe_member_name(name) || used.count(name)) name = "output_" + std::to_string(i);
+    used.insert(name);
+    names.push_back(name);
+  }
+  return names;
+}
+
+// Row-major tensor with a dtype .npy can hold (bfloat16 -> float32).
+at::Tensor npy_ready(const at::Tensor& t) {
+  at::Tensor out = t.scalar_type() == c10::ScalarType::BFloat16 ? t.to(c10::ScalarType::Float) : t;
+  return out.contiguous();
+}
+
+void write_outputs(const std::string& path, const aotpack::Model& model,
+                   const std::vector<at::Tensor>& outputs) {
+  const std::vector<std::string> names = output_names(model);
+  std::vector<std::pair<std::string, std::string>> members;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor t = npy_ready(outputs[i]);
+    members.emplace_back(names[i],
+                         aotpack::npy::encode(t.scalar_type(), t.sizes().vec(), t.data_ptr(),
+                                              t.numel() * t.element_size()));
+  }
+  aotpack::npy::write_npz(path, members);
+}
+
+double element_as_double(const at::Tensor& t, int64_t i) {
+  const void* p = t.data_ptr();
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Float: return static_cast<const float*>(p)[i];
+    case c10::ScalarType::Double: return static_cast<const double*>(p)[i];
+    case c10::ScalarType::Half: return static_cast<float>(static_cast<const c10::Half*>(p)[i]);
+    case c10::ScalarType::BFloat16:
+      return static_cast<float>(static_cast<const c10::BFloat16*>(p)[i]);
+    case c10::ScalarType::Long: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case c10::ScalarType::Int: return static_cast<const int32_t*>(p)[i];
+    case c10::ScalarType::Short: return static_cast<const int16_t*>(p)[i];
+    case c10::ScalarType::Char: return static_cast<const int8_t*>(p)[i];
+    case c10::ScalarType::Byte: return static_cast<const uint8_t*>(p)[i];
+    case c10::ScalarType::Bool: return static_cast<const bool*>(p)[i] ? 1 : 0;
+    default: return NAN;
+  }
+}
+
+void print_outputs(const aotpack::Model& model, const std::vector<at::Tensor>& outputs) {
+  const std::vector<std::string> names = output_names(model);
+  constexpr int64_t kShown = 8;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor t = outputs[i].contiguous();
+    std::printf("%s: %s =", names[i].c_str(),
+                aotpack::describe(t.scalar_type(), t.sizes().vec()).c_str());
+    for (int64_t k = 0; k < std::min(kShown, t.numel()); ++k)
+      std::printf(" %.6g", element_as_double(t, k));
+    if (t.numel() > kShown) std::printf(" ... (%lld values)", static_cast<long long>(t.numel()));
+    std::printf("\n");
+  }
+}
+
+// ---- bench ----
+
+double percentile(const std::vector<double>& sorted, double p) {
+  const double index = p * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(index)),
+               hi = static_cast<size_t>(std::ceil(index));
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (index - static_cast<double>(lo));
+}
+
+double elapsed_us(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+std::vector<at::Tensor> bench(aotpack::Model& model, const std::vector<at::Tensor>& inputs,
+                              const Options& opt) {
+  std::vector<at::Tensor> outputs;
+  for (int64_t i = 0; i < opt.warmup_runs; ++i) outputs = model.run(inputs);
+  std::vector<double> latencies;
+  latencies.reserve(opt.bench_runs);
+  for (int64_t i = 0; i < opt.bench_runs; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    outputs = model.run(inputs);
+    latencies.push_back(elapsed_us(start));
+  }
+  std::sort(latencies.begin(), latencies.end());
+  std::printf("latency_us median=%.2f p10=%.2f p90=%.2f runs=%lld\n", percentile(latencies, 0.5),
+              percentile(latencies, 0.1), percentile(latencies, 0.9),
+              static_cast<long long>(opt.bench_runs));
+  return outputs;
+}
+
+int run_tool(const Options& opt) {
+  const auto start = std::chrono::steady_clock::now();
+  aotpack::Model model = aotpack::Model::load(opt.archive, opt.device_limit);
+  const double load_ms = elapsed_us(start) / 1000.0;
+  const std::vector<at::Tensor> inputs = load_inputs(opt, model);
+  std::vector<at::Tensor> outputs;
+  if (opt.bench_runs > 0) {
+    std::printf("load_ms=%.3f\n", load_ms);
+    outputs = bench(model, inputs, opt);
+  } else {
+    outputs = model.run(inputs);
+  }
+  if (!opt.output.empty())
+    write_outputs(opt.output, model, outputs);
+  else
+    print_outputs(model, outputs);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opt = parse_args(argc, argv);
+    if (opt.help) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    return run_tool(opt);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "aotpack-run: error: %s\n(run 'aotpack-run --help' for usage)\n",
+                 e.what());
+    return 2;
+  } catch (const c10::Error& e) {  // from libtorch directly: drop the C++ backtrace
+    std::fprintf(stderr, "aotpack-run: error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "aotpack-run: error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "aotpack-run: error: unknown exception\n");
+    return 1;
+  }
+}

@@ -1,0 +1,55 @@
+"""Index arithmetic: every simplified view index equals plain integer arithmetic."""
+import itertools
+import math
+import random
+
+import pytest
+
+from aotpack.ir import Index, flat_index, unflatten_index
+
+
+def _evaluate(index: Index, env: dict) -> int:
+    # C's '/' on non-negative ints is Python's '//'
+    return eval(index.render().replace("/", "//"), {}, dict(env))
+
+
+def _reshape_cases(count: int, seed: int = 0):
+    rng = random.Random(seed)
+    for _ in range(count):
+        old = [rng.choice([1, 2, 3, 4, 6, 8]) for _ in range(rng.randint(1, 4))]
+        factors, n = [], math.prod(old)
+        for f in (2, 3):
+            while n % f == 0:
+                factors.append(f)
+                n //= f
+        rng.shuffle(factors)
+        new = [1] * rng.randint(1, 4)
+        for f in factors:
+            new[rng.randrange(len(new))] *= f
+        yield old, new
+
+
+@pytest.mark.parametrize("old,new", list(_reshape_cases(200)))
+def test_reshape_index_matches_integer_arithmetic(old, new):
+    loop_vars = [Index.var(f"v{d}", size) for d, size in enumerate(new)]
+    mapped = unflatten_index(flat_index(loop_vars, new), old)
+    new_strides = [math.prod(new[d + 1:]) for d in range(len(new))]
+    old_strides = [math.prod(old[d + 1:]) for d in range(len(old))]
+    for point in itertools.product(*[range(s) for s in new]):
+        flat = sum(p * s for p, s in zip(point, new_strides))
+        expected = [(flat // st) % size for st, size in zip(old_strides, old)]
+        env = {f"v{d}": p for d, p in enumerate(point)}
+        assert [_evaluate(m, env) for m in mapped] == expected
+
+
+def test_head_split_simplifies_to_plain_division():
+    # (16,128,64) viewed as (4,4,128,64): the attention head split in the sample
+    index = [Index.var("i0", 16), Index.var("i1", 128), Index.var("j", 64)]
+    mapped = unflatten_index(flat_index(index, (16, 128, 64)), (4, 4, 128, 64))
+    assert [m.render() for m in mapped] == ["((i0) / 4)", "((i0) % 4)", "i1", "j"]
+
+
+def test_merge_of_contiguous_dims_stays_affine():
+    index = [Index.var("i0", 512), Index.var("j", 256)]
+    mapped = unflatten_index(flat_index(index, (512, 256)), (4, 128, 256))
+    assert [m.render() for m in mapped] == ["((i0) / 128)", "((i0) % 128)", "j"]
