@@ -89,6 +89,19 @@ def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
     return entries, files
 
 
+def _dump_debug(debug_dir: Path, name: str, arts, model_source: str) -> None:
+    """Copy every generated source (all candidates, wrappers, model.cpp) for inspection."""
+    root = Path(debug_dir) / name
+    for art in arts:
+        folder = root / "kernels" / art.kernel.name
+        for tiling in art.candidates:
+            target = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
+            compile_stage.write_atomic(target, art.sources[tiling.kernel_key])
+        compile_stage.write_atomic(folder / "wrapper.cpp", art.wrapper_source)
+    compile_stage.write_atomic(root / "model.cpp", model_source)
+    log.info("generated sources copied to %s", root)
+
+
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None) -> BuildResult:
     """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file.
@@ -156,6 +169,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         "kernels": entries,
     }
     package.write_archive(target, manifest, files)
+    if settings.debug_dir:
+        _dump_debug(settings.debug_dir, name, arts, source)
     seconds["total"] = time.perf_counter() - start
     log.info("wrote %s (%d kernels, %d compiled, %.1f s)", target, len(arts), compiled, seconds["total"])
     return BuildResult(target, manifest, seconds, error, compiled)

@@ -200,8 +200,26 @@ class Lowerer:
     def _maybe_realize(self, node, value: Lazy) -> None:
         fanout = len(node.users)
         costly = value.op_count >= 2 or value.expensive
-        if (fanout > 1 and costly) or value.op_count > MAX_FUSED_OPS:
+        if value.op_count > MAX_FUSED_OPS:
             self.realize(value)
+        elif fanout > 1 and costly and not (value.reduces and self._row_local_users(node)):
+            self.realize(value)
+
+    @staticmethod
+    def _row_local_users(node) -> bool:
+        """Every user reduces ``node``'s rows or maps them elementwise (softmax's exp).
+
+        Such a value is recomputed per row inside one row kernel, from data already
+        in cache, instead of costing a second kernel and a round trip to memory.
+        """
+        shape = tuple(_meta(node).shape)
+        for user in node.users:
+            if user.target in ops.REDUCTIONS or user.target is torch.ops.aten.var_mean.correction:
+                continue
+            elementwise = user.target in ops.UNARY or user.target in ops.BINARY
+            if not elementwise or tuple(_meta(user).shape) != shape:
+                return False
+        return True
 
     def realize(self, value: Value) -> Buffer | StridedView:
         """Give ``value`` storage: a fused kernel writes it into a contiguous buffer."""

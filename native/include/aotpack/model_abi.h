@@ -84,7 +84,8 @@ typedef struct AotpackHostV1 {
   /* Resolve an ATen operator once ("aten::addmm", overload "" for default).
    * Writes an opaque handle valid for the runtime's lifetime. */
   int32_t (*find_op)(const char* name, const char* overload, void** op_out);
-  /* Call a resolved operator with every schema argument (defaults filled in).
+  /* Call a resolved operator with its schema arguments in schema order (defaults
+   * filled in; trailing arguments that have a schema default may be left out).
    * Tensor results are flattened in order (a Tensor[] result contributes each
    * element); exactly num_outs handles are written, NULL for a None result. */
   int32_t (*call_op)(void* op, const AotpackArg* args, int64_t num_args,

@@ -1,0 +1,46 @@
+"""Kernel cache: layout of the seed, hits skip compile and profiling, archives reproduce."""
+import logging
+
+from aotpack.build import build
+from aotpack.config import Settings
+from aotpack.package import read_manifest
+from conftest import SAMPLES
+
+
+def test_second_build_hits_cache_and_reproduces_archive(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    settings = Settings.from_env(topn=3, cache_dir=tmp_path / "cache")
+    first = build(SAMPLES / "mlp.py", tmp_path / "a", settings=settings)
+    assert first.compiled > 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="aotpack"):
+        second = build(SAMPLES / "mlp.py", tmp_path / "b", settings=settings)
+    assert second.compiled == 0
+    assert "Timing" not in caplog.text and "Autotune completed" not in caplog.text
+    assert first.archive.read_bytes() == second.archive.read_bytes()
+
+
+def test_cache_layout_matches_the_seed(tmp_path):
+    cache = tmp_path / "cache"
+    result = build(SAMPLES / "mlp.py", tmp_path / "out", settings=Settings.from_env(topn=3, cache_dir=cache))
+    manifest = read_manifest(result.archive)
+    for kernel in manifest["kernels"]:
+        base = kernel["name"].rsplit("_", 1)[0]
+        (folder,) = (cache / "cpu" / base).iterdir()
+        assert (folder / "compile.lock").exists()
+        assert (folder / "wrapper.so").is_file()
+        keys = sorted(p.name for p in (folder / "static_kernel").iterdir())
+        assert len(keys) == kernel["candidates"]
+        assert all((folder / "static_kernel" / k / "kernel.so").is_file() for k in keys)
+        assert (folder / "optimize_tiling").read_text().strip() == \
+            f"{kernel['tiling_repr']}|{kernel['workspace']}|{kernel['block_dim']}"
+
+
+def test_device_limit_is_part_of_the_cache_key_and_bounds_block_dim(tmp_path):
+    cache = tmp_path / "cache"
+    one = build(SAMPLES / "mlp.py", tmp_path / "one",
+                settings=Settings.from_env(topn=3, cache_dir=cache, device_limit="1"))
+    manifest = read_manifest(one.archive)
+    assert manifest["device_limit"] == 1
+    assert all("block_dim=1;" in t for k in manifest["kernels"] for t in k["candidate_tilings"])
+    assert one.compiled > 0
