@@ -122,7 +122,10 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
 
     ep = export_model(model_file)
     seconds["export"] = time.perf_counter() - start
-    graph = lower(ep)
+    try:
+        graph = lower(ep)
+    except AotpackError as exc:
+        raise AotpackError(f"{model_file.path}: {exc}") from None
     seconds["lower"] = time.perf_counter() - start - seconds["export"]
     log.info("lowered %s: %d fused kernels, %d steps", name, len(graph.kernels), len(graph.steps))
 

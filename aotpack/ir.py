@@ -52,10 +52,6 @@ class Index:
             return self.opaque_upper
         return self.const + sum(c * (e - 1) for _, c, e in self.terms) + 1
 
-    def is_var(self, name: str) -> bool:
-        return self.opaque is None and self.const == 0 and self.terms == ((name, 1, self.terms[0][2]),) \
-            if self.terms else False
-
     def __add__(self, other: "Index | int") -> "Index":
         other = other if isinstance(other, Index) else Index.constant(other)
         if self.opaque is not None or other.opaque is not None:

@@ -63,6 +63,7 @@ class KernelContext:
         self.row_block = _Block()
         self.stack = [self.row_block]
         self.reductions: dict[int, str] = {}
+        self.reduction_count = 0
         self.prologue: list[str] = []
         self.outer_vars = [Index.var(f"i{k}", size) for k, size in enumerate(kernel.outer_shape)]
 
@@ -99,7 +100,9 @@ class KernelContext:
         saved, block = self.stack, _Block()
         self.stack = [self.row_block, block]
         ctype = C_TYPES[red.dtype]
-        acc = f"acc{len(self.reductions)}"
+        number = self.reduction_count
+        self.reduction_count += 1  # before recursing: a nested reduction needs its own name
+        acc = f"acc{number}"
         clause, combine = REDUCTION_COMBINE[red.kind]
         index = self.outer_vars + [Index.var("j", red.reduce_size)]
         value = red.source.load(self, index)
@@ -111,7 +114,7 @@ class KernelContext:
         lines += ["  " + combine.format(acc=acc, v=f"static_cast<{ctype}>({value})"), "}"]
         result = acc
         if red.scale != 1.0:
-            result = f"red{len(self.reductions)}"
+            result = f"red{number}"
             lines.append(f"const {ctype} {result} = {acc} * static_cast<{ctype}>({red.scale!r});")
         self.prologue.extend(lines)
         self.reductions[id(red)] = result

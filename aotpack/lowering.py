@@ -78,11 +78,8 @@ class Lowerer:
                 self.env[node] = self._call(node)
             elif node.op == "output":
                 outputs, mutated = self._outputs(node)
-            elif node.op == "get_attr":
-                raise AotpackError(
-                    f"unsupported construct: submodule attribute '{node.target}' "
-                    "(control flow such as torch.cond is not supported yet); "
-                    "rewrite the model without it")
+            elif node.op == "get_attr":  # a control-flow branch; its user reports it
+                self.env[node] = getattr(self.ep.graph_module, node.target)
         return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
                      outputs, self.kernels, mutated)
 
@@ -139,7 +136,8 @@ class Lowerer:
             return self.env[node.args[0]][node.args[1]]
         if isinstance(op, torch._ops.HigherOrderOperator):
             raise AotpackError(f"unsupported construct: {op.name()} (control flow) in node "
-                               f"'{node.name}'; aotpack does not lower control flow yet")
+                               f"'{node.name}'; aotpack does not lower control flow yet: compute both "
+                               "branches and pick with torch.where, or move the branch out of the model")
         if op in ops.ASSERTIONS:
             return None
         result = None
@@ -321,9 +319,6 @@ class Lowerer:
         val = _meta(node)
         if val.device.type != "cpu" or tuple(val.shape) != tuple(source.shape):
             return None
-        if node.target is torch.ops.aten.clone.default and not isinstance(source, Lazy) \
-                and val.dtype == source.dtype and node.kwargs.get("memory_format") is None:
-            pass  # a plain clone still copies: users may rely on a fresh tensor
         return self._pointwise(node, [node.args[0]], "{0}", False)
 
     def _batch_norm(self, node):

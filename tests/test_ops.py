@@ -42,3 +42,25 @@ def test_build_leaves_user_model_untouched(build_model):
     export_model(ModelFile(MODELS / "strided_and_mutation.py", net, module.example_inputs(), None))
     for key, value in net.state_dict().items():
         assert torch.equal(value, before[key])
+
+
+def test_scalar_inputs_and_outputs(build_model, tmp_path):
+    result = build_model(MODELS / "scalar_reduce.py")
+    manifest = read_manifest(result.archive)
+    assert manifest["inputs"][1]["shape"] == []
+    assert [o["shape"] for o in manifest["outputs"]] == [[], [], []]
+    assert_native_parity(result.archive, MODELS / "scalar_reduce.py", tmp_path)
+
+
+def test_control_flow_is_a_clear_error(tmp_path, cache_dir):
+    from aotpack.build import build
+    from aotpack.config import Settings
+    from aotpack.errors import AotpackError
+
+    with __import__("pytest").raises(AotpackError) as err:
+        build(MODELS / "with_cond.py", tmp_path, settings=Settings.from_env(cache_dir=cache_dir))
+    assert str(err.value) == (
+        f"{MODELS / 'with_cond.py'}: unsupported construct: cond (control flow) in node 'cond'; "
+        "aotpack does not lower control flow yet: compute both branches and pick with torch.where, "
+        "or move the branch out of the model")
+    assert list(tmp_path.iterdir()) == []
