@@ -64,6 +64,9 @@ def write_archive(target: Path, manifest: dict, files: dict[str, bytes]) -> Path
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(compressed)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; archives are meant to be shared
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
