@@ -16,7 +16,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import ops
+from aotpack import ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     C_TYPES, Buffer, CopyBack, ExternArg, ExternCall, FusedKernel, Graph, Index, KernelCall,
@@ -47,11 +47,6 @@ def _literal(value, ctype: str) -> str:
             return f"{sign}std::numeric_limits<{ctype}>::infinity()"
         return f"static_cast<{ctype}>({value!r})"
     return f"static_cast<{ctype}>({int(value)}LL)"
-
-
-def _broadcast_index(value_shape, out_shape, index: list[Index]) -> list[Index]:
-    lead = len(out_shape) - len(value_shape)
-    return [Index.constant(0) if size == 1 else index[lead + d] for d, size in enumerate(value_shape)]
 
 
 class Lowerer:
@@ -287,7 +282,7 @@ class Lowerer:
             for pos, v in enumerate(operands):
                 want = "bool" if where and pos == 0 else ctype
                 if isinstance(v, Value):
-                    var = v.load(ctx, _broadcast_index(v.shape, out_shape, index))
+                    var = v.load(ctx, views.broadcast_index(v.shape, out_shape, index))
                     names.append(var if C_TYPES[v.dtype] == want else ctx.emit(want, f"static_cast<{want}>({var})"))
                 else:
                     names.append(_literal(v, want))
@@ -363,32 +358,23 @@ class Lowerer:
             self.realize(source)
         parts = as_strided_parts(source)
         if parts is not None:
-            viewed = self._strided_view(node, parts)
+            viewed = views.strided_view(node.target, parts, [self._operand(a) for a in node.args[1:]],
+                                        node.kwargs)
             if viewed is not None:
                 return viewed
         return self._lazy_view(node, source)
 
-    def _strided_view(self, node, parts):
-        """Apply the view op to a meta tensor with the same layout to get the new one."""
-        base, sizes, strides, offset = parts
-        storage = max([offset + sum((s - 1) * st for s, st in zip(sizes, strides)) + 1, base.numel, 1])
-        meta = torch.empty(storage, dtype=base.dtype, device="meta").as_strided(sizes, strides, offset)
-        args = [meta] + [self._operand(a) for a in node.args[1:]]
-        try:
-            out = node.target(*args, **node.kwargs)
-        except RuntimeError:
-            return None
-        outs = out if isinstance(out, (list, tuple)) else [out]
-        views = [StridedView(base, tuple(t.shape), tuple(t.stride()), t.storage_offset()) for t in outs]
-        return views if isinstance(out, (list, tuple)) else views[0]
-
     def _lazy_view(self, node, source: Value):
         """Views of lazy values: new index -> old index arithmetic."""
         val = _meta(node)
+        args = [self._operand(a) for a in node.args[1:]]
         if isinstance(val, (list, tuple)):
-            return [self._remap(source, tuple(v.shape), self._slice_map(node, i, val))
-                    for i, v in enumerate(val)]
-        return self._remap(source, tuple(val.shape), self._index_map(node, source))
+            pieces = [tuple(v.shape) for v in val]
+            maps = [views.piece_index_map(node.target, args, tuple(source.shape), pieces, i)
+                    for i in range(len(pieces))]
+            return [self._remap(source, piece, m) for piece, m in zip(pieces, maps)]
+        index_map = views.view_index_map(node.target, args, tuple(source.shape), tuple(val.shape))
+        return self._remap(source, tuple(val.shape), index_map)
 
     def _remap(self, source: Value, shape: tuple, index_map):
         def fn(ctx, index):
@@ -398,51 +384,6 @@ class Lowerer:
         return Pointwise(shape, source.dtype, fn, op_count=source.op_count if lazy else 0,
                          expensive=lazy and source.expensive,
                          op_names=source.op_names if lazy else (), reduces=lazy and source.reduces)
-
-    def _slice_map(self, node, i, val):
-        """Piece ``i`` of split/unbind along ``dim``."""
-        op = node.target
-        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-        if op is torch.ops.aten.unbind.int:
-            dim = node.args[1] if len(node.args) > 1 else 0
-        in_shape = tuple(_meta(node.args[0]).shape)
-        dim %= len(in_shape)
-        if op is torch.ops.aten.unbind.int:
-            return lambda index: index[:dim] + [Index.constant(i)] + index[dim:]
-        start = sum(v.shape[dim] for v in val[:i])
-        return lambda index: index[:dim] + [index[dim] + start] + index[dim + 1:]
-
-    def _index_map(self, node, source: Value):
-        op, aten = node.target, torch.ops.aten
-        in_shape, out_shape = tuple(source.shape), tuple(_meta(node).shape)
-        args = [self._operand(a) for a in node.args[1:]]
-        if op is aten.permute.default:
-            dims = [d % len(in_shape) for d in args[0]]
-            inverse = [dims.index(k) for k in range(len(dims))]
-            return lambda index: [index[inverse[k]] for k in range(len(in_shape))]
-        if op in (aten.t.default, aten.transpose.int):
-            a, b = (args + [0, 1])[:2] if op is aten.transpose.int else (0, 1)
-            a, b = a % max(len(in_shape), 1), b % max(len(in_shape), 1)
-
-            def swap(index):
-                index = list(index)
-                index[a], index[b] = index[b], index[a]
-                return index
-            return swap
-        if op is aten.expand.default:
-            return lambda index: _broadcast_index(in_shape, out_shape, index)
-        if op is aten.slice.Tensor:
-            dim = (args + [0])[0] % len(in_shape)
-            start = args[1] if len(args) > 1 and args[1] is not None else 0
-            start = start + in_shape[dim] if start < 0 else min(start, in_shape[dim])
-            step = args[3] if len(args) > 3 else 1
-            return lambda index: index[:dim] + [index[dim].scale(step) + start] + index[dim + 1:]
-        if op is aten.select.int:
-            dim = args[0] % len(in_shape)
-            pos = args[1] % in_shape[dim]
-            return lambda index: index[:dim] + [Index.constant(pos)] + index[dim:]
-        # view/reshape/unsqueeze/squeeze: same elements in row-major order
-        return lambda index: unflatten_index(flat_index(index, out_shape), in_shape)
 
     # ------------------------------------------------------------------ reductions
     def _reduce_dims(self, node, shape) -> tuple[int, bool] | None:

@@ -64,3 +64,8 @@ def test_control_flow_is_a_clear_error(tmp_path, cache_dir):
         "aotpack does not lower control flow yet: compute both branches and pick with torch.where, "
         "or move the branch out of the model")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_views_of_computed_values(build_model, tmp_path):
+    result = build_model(MODELS / "lazy_views.py")
+    assert_native_parity(result.archive, MODELS / "lazy_views.py", tmp_path)
