@@ -1,5 +1,6 @@
 // aotpack-run: load a .aotpack archive, run it on .npy inputs, write or print the outputs,
 // optionally time it. Exit status 0 on success, 1 on any error, 2 on a usage error.
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -31,7 +32,8 @@ constexpr char kUsage[] =
     "                       load_ms=<ms>\n"
     "                       latency_us median=<us> p10=<us> p90=<us> runs=<N>\n"
     "  --warmup W         warm-up runs before timing (default 10)\n"
-    "  --device-limit C   cores the kernels may use (default 0: the build-time limit)\n"
+    "  --device-limit C   cores the model may use: fused kernels and ATen threads\n"
+    "                     (default 0: the build-time limit for kernels, all for ATen)\n"
     "  -h, --help         show this help\n";
 
 struct UsageError : std::runtime_error {
@@ -247,6 +249,9 @@ std::vector<at::Tensor> bench(aotpack::Model& model, const std::vector<at::Tenso
 }
 
 int run_tool(const Options& opt) {
+  // The limit covers the whole model: fused kernels (via the model) and ATen's
+  // extern calls (its intra-op thread pool) alike.
+  if (opt.device_limit > 0) at::set_num_threads(opt.device_limit);
   const auto start = std::chrono::steady_clock::now();
   aotpack::Model model = aotpack::Model::load(opt.archive, opt.device_limit);
   const double load_ms = elapsed_us(start) / 1000.0;
