@@ -57,8 +57,13 @@ class LoadedWrapper:
             raise AotpackError(f"kernel {self.art.kernel.name}: {self._error()}")
 
 
-def _time_candidates(wrapper: LoadedWrapper, args) -> list[float]:
-    """Median microseconds per launch of each candidate, rounds interleaved."""
+#: A winner whose slowest timed round is this many times its median was measured on
+#: a busy machine: say so, since the choice is cached.
+NOISY_SPREAD = 3.0
+
+
+def _time_candidates(wrapper: LoadedWrapper, args) -> tuple[list[float], list[float]]:
+    """(median us per launch, max/median spread) of each candidate, rounds interleaved."""
     keys = [t.kernel_key for t in wrapper.art.candidates]
     launches = {}
     for key in keys:
@@ -75,13 +80,15 @@ def _time_candidates(wrapper: LoadedWrapper, args) -> list[float]:
             for _ in range(count):
                 wrapper.launch(key, args)
             samples[key].append((time.perf_counter_ns() - start) / count / 1000.0)
-    return [statistics.median(samples[key]) for key in keys]
+    medians = [statistics.median(samples[key]) for key in keys]
+    spreads = [max(samples[key]) / m for key, m in zip(keys, medians)]
+    return medians, spreads
 
 
 def autotune_kernel(wrapper: LoadedWrapper, args) -> None:
     """Time every candidate on ``args``, keep the fastest (optimize_tiling), release the rest."""
     art = wrapper.art
-    timings = _time_candidates(wrapper, args)
+    timings, spreads = _time_candidates(wrapper, args)
     for index, (tiling, us) in enumerate(zip(art.candidates, timings)):
         log.info("%s candidate %d (%s): Timing %.2f us", art.kernel.name, index, tiling.repr, us)
     best = min(range(len(timings)), key=timings.__getitem__)
@@ -89,6 +96,10 @@ def autotune_kernel(wrapper: LoadedWrapper, args) -> None:
     save_winner(art, art.candidates[best])
     wrapper.release(art.winner.kernel_key)
     log.info("Autotune completed %s, best kernel index: %d", art.kernel.name, best)
+    if spreads[best] > NOISY_SPREAD:
+        log.warning("%s: timings were noisy (slowest round %.1fx the median); the machine may be "
+                    "busy. The choice is cached: rebuild with --retune on an idle machine to re-time",
+                    art.kernel.name, spreads[best])
 
 
 def _view(env, parts) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 import aotpack
-from aotpack import autotune, compile as compile_stage, cpp_wrapper, package
+from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model_file
@@ -27,8 +27,6 @@ from aotpack.lowering import lower
 log = logging.getLogger("aotpack")
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-#: Build-time self-check of the Python-mode run against eager (float32 tolerance).
-PARITY_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -58,14 +56,6 @@ def _eager_reference(model_file) -> list[torch.Tensor]:
     with torch.no_grad():
         out = module(*[t.clone() for t in model_file.example_inputs])
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-
-
-def _max_abs_error(ours: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
-    worst = 0.0
-    for a, b in zip(ours, reference):
-        if a.numel():
-            worst = max(worst, (a.double() - b.double()).abs().max().item())
-    return worst
 
 
 def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
@@ -103,12 +93,17 @@ def _dump_debug(debug_dir: Path, name: str, arts, model_source: str) -> None:
 
 
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
-          version: str | None = None, settings: Settings | None = None) -> BuildResult:
+          version: str | None = None, settings: Settings | None = None,
+          allow_mismatch: bool = False) -> BuildResult:
     """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file.
+
+    The Python-mode run (the same compiled kernels and extern calls the archive runs)
+    is checked against eager PyTorch on the example inputs (``aotpack.parity``).
 
     Raises:
         AotpackError: any problem the user can fix (bad model file, export failure,
-            unsupported construct, bad setting); nothing is left in ``out_dir``.
+            unsupported construct, bad setting), or outputs that disagree with eager
+            (unless ``allow_mismatch``); nothing is left in ``out_dir``.
     """
     settings = settings or Settings.from_env()
     seconds: dict[str, float] = {}
@@ -135,7 +130,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     tic = time.perf_counter()
     locks = compile_stage.lock_all(arts)
     try:
-        compiled = compile_stage.compile_all(arts, settings.march, settings.compile_threads)
+        compiled = compile_stage.compile_all(arts, settings.march, settings.compile_threads,
+                                             settings.retune)
         seconds["compile_kernels"] = time.perf_counter() - tic
         tic = time.perf_counter()
         outputs = autotune.run_python_mode(graph, art_of, model_file.example_inputs)
@@ -144,10 +140,15 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     finally:
         for lock in locks:
             lock.release()
-    error = _max_abs_error(outputs, _eager_reference(model_file))
-    log.info("Python-mode run vs eager: max abs error %.3g", error)
-    if error > PARITY_TOLERANCE:
-        log.warning("Python-mode outputs differ from eager by %.3g (> %g)", error, PARITY_TOLERANCE)
+    check = parity.compare(outputs, _eager_reference(model_file))
+    log.info("compiled graph vs eager PyTorch: max abs error %.3g", check.max_abs_error)
+    if not check.ok:
+        message = (f"{model_file.path}: the compiled graph disagrees with eager PyTorch: "
+                   f"{'; '.join(check.problems)}. This is an aotpack bug; please report it with the "
+                   "model file")
+        if not allow_mismatch:
+            raise AotpackError(message + " (--allow-mismatch writes the archive anyway)")
+        log.warning("%s", message)
 
     meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
             "device_limit": settings.device_limit}
@@ -169,6 +170,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         "inputs": _signature(graph.inputs, [b.name for b in graph.inputs]),
         "outputs": _output_signature(graph),
         "mutated_buffers": graph.mutated_buffers,
+        "mutated_inputs": graph.mutated_inputs,
         "kernels": entries,
     }
     package.write_archive(target, manifest, files)
@@ -176,4 +178,4 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         _dump_debug(settings.debug_dir, name, arts, source)
     seconds["total"] = time.perf_counter() - start
     log.info("wrote %s (%d kernels, %d compiled, %.1f s)", target, len(arts), compiled, seconds["total"])
-    return BuildResult(target, manifest, seconds, error, compiled)
+    return BuildResult(target, manifest, seconds, check.max_abs_error, compiled)

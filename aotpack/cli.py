@@ -16,6 +16,7 @@ log = logging.getLogger("aotpack")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aotpack", description=__doc__)
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="export, fuse, autotune and package a model file")
@@ -28,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--march", default=None, help="target ISA for -march (default: native)")
     b.add_argument("--cache-dir", help="kernel cache (env AOTPACK_CACHE_DIR)")
     b.add_argument("--debug-dir", help="keep generated sources here (env AOTPACK_DEBUG=1)")
+    b.add_argument("--retune", action="store_true",
+                   help="ignore cached autotune results (optimize_tiling) and time again")
+    b.add_argument("--allow-mismatch", action="store_true",
+                   help="write the archive even if outputs differ from eager PyTorch")
 
     r = sub.add_parser("run", help="run an archive with the native C++ runtime")
     r.add_argument("archive")
@@ -46,8 +51,10 @@ def _build(args) -> int:
     from aotpack.build import build
 
     settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, march=args.march,
-                                 cache_dir=args.cache_dir, debug_dir=args.debug_dir)
-    result = build(args.model, args.output_dir, args.name, args.version, settings)
+                                 cache_dir=args.cache_dir, debug_dir=args.debug_dir,
+                                 retune=args.retune or None)
+    result = build(args.model, args.output_dir, args.name, args.version, settings,
+                   allow_mismatch=args.allow_mismatch)
     times = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
     print(f"{result.archive}  ({times})")
     return 0
@@ -92,6 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     except AotpackError as exc:
         print(f"aotpack: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("aotpack: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so in one line, traceback on request
+        if args.traceback:
+            raise
+        print(f"aotpack: internal error: {type(exc).__name__}: {exc}\n"
+              "aotpack: this is a bug; rerun with --traceback and report it with the model file",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

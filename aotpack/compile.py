@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from aotpack.errors import AotpackError
 from aotpack.ir import FusedKernel
 from aotpack.kernel_codegen import render_kernel
-from aotpack.templates import render
+from aotpack.render import render
 from aotpack.tiling import Tiling, solve
 
 log = logging.getLogger("aotpack")
@@ -45,12 +45,18 @@ KERNEL_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
 WRAPPER_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17"]
 LOCK_TIMEOUT_S = 900
 
-#: CPU features the runtime can test with __builtin_cpu_supports, by gcc macro.
+#: CPU features the runtime can test with __builtin_cpu_supports, by gcc macro. Every
+#: one that -march enables is recorded, so the runtime refuses a CPU lacking any.
 ISA_MACROS = {
-    "__SSE4_2__": "sse4.2", "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma",
-    "__F16C__": "f16c", "__BMI2__": "bmi2", "__AVX512F__": "avx512f",
-    "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl", "__AVX512DQ__": "avx512dq",
-    "__AVX512VNNI__": "avx512vnni",
+    "__SSE__": "sse", "__SSE2__": "sse2", "__SSE3__": "sse3", "__SSSE3__": "ssse3",
+    "__SSE4_1__": "sse4.1", "__SSE4_2__": "sse4.2", "__POPCNT__": "popcnt", "__AVX__": "avx",
+    "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c", "__BMI__": "bmi", "__BMI2__": "bmi2",
+    "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl",
+    "__AVX512DQ__": "avx512dq", "__AVX512CD__": "avx512cd", "__AVX512VNNI__": "avx512vnni",
+    "__AVX512BF16__": "avx512bf16", "__AVX512FP16__": "avx512fp16", "__AVX512VBMI__": "avx512vbmi",
+    "__AVX512VBMI2__": "avx512vbmi2", "__AVX512IFMA__": "avx512ifma",
+    "__AVX512BITALG__": "avx512bitalg", "__AVX512VPOPCNTDQ__": "avx512vpopcntdq",
+    "__AVXVNNI__": "avxvnni", "__GFNI__": "gfni", "__VAES__": "vaes", "__VPCLMULQDQ__": "vpclmulqdq",
 }
 
 
@@ -95,6 +101,13 @@ def target_isa(march: str) -> dict:
         resolved = found.group(1) if found else march
     features = sorted({name for macro, name in ISA_MACROS.items() if macro in defined})
     return {"march": resolved, "features": features}
+
+
+@functools.lru_cache(maxsize=None)
+def target_fingerprint(march: str) -> str:
+    """Everything -march=<march> turns on here (``native`` differs between hosts)."""
+    query = subprocess.run([CXX, f"-march={march}", "-Q", "--help=target"], capture_output=True, text=True)
+    return query.stdout
 
 
 def compile_so(source: Path, output: Path, flags: list[str], march: str | None) -> None:
@@ -150,7 +163,8 @@ class KernelArtifacts:
 
 def _artifact_hash(sources: list[str], wrapper: str, march: str, device_limit: int) -> str:
     digest = hashlib.sha256()
-    for part in [*sources, wrapper, compiler_version(), " ".join(KERNEL_FLAGS), march, str(device_limit)]:
+    for part in [*sources, wrapper, compiler_version(), " ".join(KERNEL_FLAGS), target_fingerprint(march),
+                 str(device_limit)]:
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:24]
@@ -220,15 +234,16 @@ def lock_all(arts: list[KernelArtifacts]) -> list[FileLock]:
     return locks
 
 
-def compile_all(arts: list[KernelArtifacts], march: str, threads: int) -> int:
+def compile_all(arts: list[KernelArtifacts], march: str, threads: int, retune: bool = False) -> int:
     """Compile what the cache lacks, in parallel compiler processes; returns the count.
 
     A kernel whose ``optimize_tiling`` names an intact winner is a cache hit: only
-    that winner is needed, so nothing of it is compiled.
+    that winner is needed, so nothing of it is compiled. ``retune`` ignores recorded
+    winners (compiled candidates are still reused) so every kernel is timed again.
     """
     jobs = []
     for art in arts:
-        art.winner = _read_cached_winner(art)
+        art.winner = None if retune else _read_cached_winner(art)
         art.cache_hit = art.winner is not None
         if art.cache_hit:
             continue

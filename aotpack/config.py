@@ -23,6 +23,7 @@ ENV_DEVICE_LIMIT = "AOTPACK_DEVICE_LIMIT"
 ENV_COMPILE_THREADS = "AOTPACK_COMPILE_THREADS"
 ENV_DEBUG = "AOTPACK_DEBUG"
 ENV_RUNTIME = "AOTPACK_RUNTIME"
+ENV_RETUNE = "AOTPACK_RETUNE"
 
 
 def parse_topn(raw: str | int, source: str = ENV_TOPN) -> int:
@@ -95,6 +96,7 @@ class Settings:
     compile_threads: int = 2
     debug_dir: Path | None = None
     march: str = "native"
+    retune: bool = False
 
     @staticmethod
     def from_env(**overrides) -> "Settings":
@@ -114,4 +116,5 @@ class Settings:
         debug = overrides.get("debug_dir") or (Path("aotpack_debug") if env.get(ENV_DEBUG) == "1" else None)
         return Settings(topn=topn, cache_dir=Path(cache), device_limit=limit,
                         compile_threads=threads, debug_dir=Path(debug) if debug else None,
-                        march=overrides.get("march") or "native")
+                        march=overrides.get("march") or "native",
+                        retune=bool(overrides.get("retune")) or env.get(ENV_RETUNE) == "1")

@@ -17,12 +17,12 @@ import torch
 from aotpack.compile import CXX, compile_so, write_atomic
 from aotpack.errors import AotpackError
 from aotpack.ir import Buffer, CopyBack, ExternCall, Graph, KernelCall
-from aotpack.templates import NATIVE_INCLUDE_DIR, render
+from aotpack.render import include_dir, render
 
 log = logging.getLogger("aotpack")
 
 MODEL_ABI_VERSION = 1
-MODEL_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17", f"-I{NATIVE_INCLUDE_DIR}"]
+MODEL_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17"]
 
 #: torch dtype -> c10::ScalarType code (AotpackDType in model_abi.h).
 DTYPE_CODES = {
@@ -113,8 +113,7 @@ class RunEmitter:
             self.lines.append("}")
             for buf_id in last_use.get(index, []):
                 self.lines.append(f"{self.names[buf_id]}.reset();")
-        for i, parts in enumerate(self.graph.outputs):
-            base, sizes, strides, offset = parts
+        for i in range(len(self.graph.outputs)):
             self.lines.append(f"outputs[{i}] = nullptr;")
         for i, parts in enumerate(self.graph.outputs):
             base, sizes, strides, offset = parts
@@ -207,7 +206,11 @@ class RunEmitter:
     def _copy_back(self, step: CopyBack) -> None:
         src = step.source
         ref = self.tensor_ref((src.base, src.shape, src.strides, src.offset))
-        self.lines.append(f"check(g_host->copy_({self.name(step.target)}.get(), {ref}.get()), "
+        if step.target.kind == "input":  # the caller's tensor, not a re-laid-out copy of it
+            target = f"inputs[{self.graph.inputs.index(step.target)}]"
+        else:
+            target = f"{self.name(step.target)}.get()"
+        self.lines.append(f"check(g_host->copy_({target}, {ref}.get()), "
                           f"\"writing back mutated {step.target.name}\");")
 
     def _last_uses(self) -> dict[int, list[int]]:
@@ -264,7 +267,7 @@ def compile_model(source: str, workdir: Path) -> tuple[Path, float]:
     write_atomic(src, source)
     out = workdir / "model.so"
     start = time.perf_counter()
-    compile_so(src, out, MODEL_FLAGS + ["-ldl"], None)
+    compile_so(src, out, MODEL_FLAGS + [f"-I{include_dir()}", "-ldl"], None)
     seconds = time.perf_counter() - start
     log.info("compiled model.so in %.2f s (%s, no ATen headers)", seconds, CXX)
     return out, seconds

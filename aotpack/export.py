@@ -65,9 +65,11 @@ def load_model_file(path: str | Path) -> ModelFile:
     spec = importlib.util.spec_from_file_location(f"aotpack_model_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent))
+    sys.modules[spec.name] = module  # dataclasses and pickling look modules up by name
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's code: report it, don't crash
+        sys.modules.pop(spec.name, None)
         raise _fail(path, f"importing the model file failed{_user_frame(exc, path)}: "
                           f"{type(exc).__name__}: {exc}") from exc
     finally:

@@ -378,4 +378,5 @@ class Graph:
     steps: list
     outputs: list  # (base, sizes, strides, offset) per graph output
     kernels: list[FusedKernel]
-    mutated_buffers: list[str] = field(default_factory=list)
+    mutated_buffers: list[str] = field(default_factory=list)  # constants written in place
+    mutated_inputs: list[str] = field(default_factory=list)  # caller's inputs written in place

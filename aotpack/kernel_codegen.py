@@ -11,10 +11,13 @@ before the row's write loop (softmax/layer_norm become one row kernel).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
+import torch
+
 from aotpack.ir import C_TYPES, Buffer, FusedKernel, Index, Reduction, contiguous_strides
-from aotpack.templates import render
+from aotpack.render import render
 
 
 #: Placeholder in a frozen body where a tiling's ``simdlen`` clause goes.
@@ -29,18 +32,31 @@ class NeedsRealize(Exception):
         self.reduction = reduction
 
 
-REDUCTION_INIT = {
-    "sum": "0",
-    "prod": "1",
-    "max": "-std::numeric_limits<{t}>::infinity()",
-    "min": "std::numeric_limits<{t}>::infinity()",
-}
+REDUCTION_CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 REDUCTION_COMBINE = {
-    "sum": ("+", "{acc} = {acc} + {v};"),
-    "prod": ("*", "{acc} = {acc} * {v};"),
-    "max": ("max", "{acc} = {acc} > {v} ? {acc} : {v};"),
-    "min": ("min", "{acc} = {acc} < {v} ? {acc} : {v};"),
+    "sum": "{acc} = {acc} + {v};",
+    "prod": "{acc} = {acc} * {v};",
+    "max": "{acc} = {acc} > {v} ? {acc} : {v};",
+    "min": "{acc} = {acc} < {v} ? {acc} : {v};",
 }
+_TOKEN = re.compile(r"[A-Za-z_]\w*")
+
+
+def _accumulator(kind: str, dtype) -> tuple[str, str]:
+    """(C type, initial value) of a reduction's accumulator.
+
+    Float sums and products accumulate in double: a float32 accumulator over millions
+    of elements drifts by 1e-3 relative (ATen uses a cascade sum for the same reason).
+    Integer max/min start from the type's limits (an integer has no infinity); bool
+    reduces as int, which OpenMP's max/min clauses accept.
+    """
+    ctype = "int" if dtype == torch.bool else C_TYPES[dtype]
+    if kind in ("sum", "prod"):
+        return ("double" if dtype.is_floating_point else ctype), ("0" if kind == "sum" else "1")
+    if dtype.is_floating_point:
+        sign = "-" if kind == "max" else ""
+        return ctype, f"{sign}std::numeric_limits<{ctype}>::infinity()"
+    return ctype, f"std::numeric_limits<{ctype}>::{'lowest' if kind == 'max' else 'max'}()"
 
 
 class _Block:
@@ -53,7 +69,9 @@ class KernelContext:
     """Collects the code of one kernel while lazy values emit into it.
 
     ``load``/``emit`` return C variable names; expressions are common-subexpression
-    eliminated within the enclosing blocks.
+    eliminated within the enclosing blocks. An expression that does not depend on the
+    inner loop variable ``j`` is hoisted into ``row_lines``: it runs once per row,
+    after the reductions it reads (they are emitted there in dependency order).
     """
 
     def __init__(self, kernel: FusedKernel):
@@ -64,22 +82,28 @@ class KernelContext:
         self.stack = [self.row_block]
         self.reductions: dict[int, str] = {}
         self.reduction_count = 0
-        self.prologue: list[str] = []
+        self.row_lines: list[str] = []
+        self.depends_on_j: set[str] = {"j"}
         self.outer_vars = [Index.var(f"i{k}", size) for k, size in enumerate(kernel.outer_shape)]
 
-    # -- helpers for values
     def _new_var(self) -> str:
         self.counter += 1
         return f"t{self.counter}"
 
     def emit(self, ctype: str, expr: str) -> str:
-        """``const ctype tN = expr;`` in the current block (or an existing equal one)."""
+        """``const ctype tN = expr;`` in the right block (or an existing equal one)."""
         for block in reversed(self.stack):
             if expr in block.cse:
                 return block.cse[expr]
         name = self._new_var()
-        self.stack[-1].lines.append(f"const {ctype} {name} = {expr};")
-        self.stack[-1].cse[expr] = name
+        line = f"const {ctype} {name} = {expr};"
+        if set(_TOKEN.findall(expr)) & self.depends_on_j:
+            self.depends_on_j.add(name)
+            self.stack[-1].lines.append(line)
+            self.stack[-1].cse[expr] = name
+        else:
+            self.row_lines.append(line)
+            self.row_block.cse[expr] = name
         return name
 
     def arg_name(self, buffer: Buffer) -> str:
@@ -97,28 +121,43 @@ class KernelContext:
             raise NeedsRealize(red)
         if id(red) in self.reductions:
             return self.reductions[id(red)]
-        saved, block = self.stack, _Block()
-        self.stack = [self.row_block, block]
-        ctype = C_TYPES[red.dtype]
         number = self.reduction_count
         self.reduction_count += 1  # before recursing: a nested reduction needs its own name
-        acc = f"acc{number}"
-        clause, combine = REDUCTION_COMBINE[red.kind]
-        index = self.outer_vars + [Index.var("j", red.reduce_size)]
-        value = red.source.load(self, index)
+        saved, block = self.stack, _Block()
+        self.stack = [self.row_block, block]
+        value = red.source.load(self, self.outer_vars + [Index.var("j", red.reduce_size)])
         self.stack = saved
-        lines = [f"{ctype} {acc} = {REDUCTION_INIT[red.kind].format(t=ctype)};",
-                 f"#pragma omp simd reduction({clause}:{acc}){SIMDLEN_MARK}",
-                 f"for (int64_t j = 0; j < {red.reduce_size}; ++j) {{"]
-        lines += ["  " + line for line in block.lines]
-        lines += ["  " + combine.format(acc=acc, v=f"static_cast<{ctype}>({value})"), "}"]
-        result = acc
-        if red.scale != 1.0:
-            result = f"red{number}"
-            lines.append(f"const {ctype} {result} = {acc} * static_cast<{ctype}>({red.scale!r});")
-        self.prologue.extend(lines)
+        self.row_lines.extend(self._reduction_loop(red, number, block.lines, value))
+        result = f"red{number}"
         self.reductions[id(red)] = result
         return result
+
+    def _reduction_loop(self, red: Reduction, number: int, body: list[str], value: str) -> list[str]:
+        ctype = C_TYPES[red.dtype]
+        acc_type, init = _accumulator(red.kind, red.dtype)
+        acc, nan = f"acc{number}", f"nan{number}"
+        clauses = f"reduction({REDUCTION_CLAUSE[red.kind]}:{acc})"
+        # max/min propagate NaN as torch does; OpenMP's max/min combiners would drop it
+        tracks_nan = red.kind in ("max", "min") and red.dtype.is_floating_point
+        lines = [f"{acc_type} {acc} = {init};"]
+        if tracks_nan:
+            lines.append(f"int {nan} = 0;")
+            clauses += f" reduction(|:{nan})"
+        lines += [f"#pragma omp simd {clauses}{SIMDLEN_MARK}",
+                  f"for (int64_t j = 0; j < {red.reduce_size}; ++j) {{"]
+        lines += ["  " + line for line in body]
+        cast = f"static_cast<{acc_type}>({value})"
+        lines.append("  " + REDUCTION_COMBINE[red.kind].format(acc=acc, v=cast))
+        if tracks_nan:
+            lines.append(f"  {nan} |= ({value} != {value});")
+        lines.append("}")
+        result = f"static_cast<{ctype}>({acc})"
+        if red.scale != 1.0:
+            result = f"static_cast<{ctype}>({acc} * {red.scale!r})"
+        if tracks_nan:
+            result = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {result}"
+        lines.append(f"const {ctype} red{number} = {result};")
+        return lines
 
 
 @dataclass(frozen=True)
@@ -126,8 +165,7 @@ class KernelBody:
     """Generated pieces of one kernel for the template."""
 
     args: list  # (c_name, ctype, is_output)
-    row_prologue: list[str]
-    reduction_lines: list[str]
+    row_lines: list[str]  # per row, before the write loop: reductions, hoisted values
     write_lines: list[str]
     write_is_row: bool
     has_reduction: bool
@@ -162,15 +200,14 @@ def build_body(kernel: FusedKernel) -> KernelBody:
     args = [(name, C_TYPES[buf.dtype], False) for name, buf in ctx.args.values()]
     args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
     kernel.inputs = [buf for _, buf in ctx.args.values()]
-    return KernelBody(args, ctx.row_block.lines, ctx.prologue, write.lines + stores,
-                      write_is_row, bool(ctx.reductions))
+    return KernelBody(args, ctx.row_lines, write.lines + stores, write_is_row, bool(ctx.reductions))
 
 
 def render_kernel(kernel: FusedKernel, tiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling`` (a ``tiling.Tiling``)."""
     body = kernel.body
     clause = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
-    reduction_lines = [line.replace(SIMDLEN_MARK, clause) for line in body.reduction_lines]
+    row_lines = [line.replace(SIMDLEN_MARK, clause) for line in body.row_lines]
     rows = math.prod(kernel.outer_shape)
     tile = min(tiling.inner_tile, kernel.inner_size) if body.write_is_row and not body.has_reduction \
         else kernel.inner_size
@@ -180,7 +217,7 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
              if size > 1]
     return render(
         "cpu_kernel.cpp.j2",
-        body=body, reduction_lines=reduction_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
+        body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
         items=rows * tiles, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.repr,
     )

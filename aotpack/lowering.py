@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from typing import Any
 
 import torch
@@ -67,7 +68,7 @@ class Lowerer:
         placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
         for node, spec in zip(placeholders, self.ep.graph_signature.input_specs):
             self.env[node] = self._placeholder(node, spec)
-        outputs, mutated = [], []
+        outputs, mutated = [], {"constant": [], "input": []}
         for node in self.ep.graph.nodes:
             if node.op == "call_function":
                 self.env[node] = self._call(node)
@@ -76,7 +77,7 @@ class Lowerer:
             elif node.op == "get_attr":  # a control-flow branch; its user reports it
                 self.env[node] = getattr(self.ep.graph_module, node.target)
         return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
-                     outputs, self.kernels, mutated)
+                     outputs, self.kernels, mutated["constant"], mutated["input"])
 
     def _placeholder(self, node, spec) -> Buffer:
         val = _meta(node)
@@ -101,22 +102,46 @@ class Lowerer:
                            "only tensors, parameters and buffers are supported")
 
     def _outputs(self, node):
-        results, mutated = [], []
-        values = node.args[0]
-        for value_node, spec in zip(values, self.ep.graph_signature.output_specs):
+        """Graph outputs and write-backs of mutated buffers/inputs, in a safe order.
+
+        Every output is realised before the first write-back, so no kernel reads a
+        buffer after it was overwritten; an output or write-back source that is a view
+        of a mutated tensor is snapshotted first for the same reason.
+        """
+        specs = self.ep.graph_signature.output_specs
+        values = []
+        for value_node, spec in zip(node.args[0], specs):
             value = self.env[value_node] if hasattr(value_node, "op") else value_node
             if not isinstance(value, Value):
                 raise AotpackError(f"model output {spec.arg.name} is not a tensor; return tensors only")
-            parts = self._strided(value)
+            values.append(value)
+        mutation = (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)
+        targets = {s.target: self._target_buffer(s) for s in specs if s.kind in mutation}
+        written = {id(t) for t in targets.values()}
+        parts = []
+        for value in values:
+            found = self._strided(value)
+            # a copy, not a view, of a tensor written back below, or of a weight: the
+            # caller may modify its outputs, and must not change the model by doing so
+            if id(found[0]) in written or found[0].kind == "constant":
+                found = self._strided(self.realize(self._copy_of(StridedView(*found))))
+            parts.append(found)
+        results, mutated = [], {"constant": [], "input": []}
+        for spec, found in zip(specs, parts):
             if spec.kind == OutputKind.USER_OUTPUT:
-                results.append(parts)
-            elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
-                target = self._target_buffer(spec)
-                self.steps.append(CopyBack(target, StridedView(*parts)))
-                mutated.append(target.name)
+                results.append(found)
+            elif spec.kind in mutation:
+                target = targets[spec.target]
+                self.steps.append(CopyBack(target, StridedView(*found)))
+                mutated[target.kind].append(target.name)
             else:
                 raise AotpackError(f"unsupported output kind {spec.kind.name}")
         return results, mutated
+
+    @staticmethod
+    def _copy_of(value: Value) -> Pointwise:
+        return Pointwise(tuple(value.shape), value.dtype, lambda ctx, index: value.load(ctx, index),
+                         op_names=("copy",))
 
     def _target_buffer(self, spec) -> Buffer:
         for buf in self.constants + self.inputs:
@@ -127,7 +152,7 @@ class Lowerer:
     # ------------------------------------------------------------------ dispatch
     def _call(self, node):
         op = node.target
-        if op is __import__("operator").getitem:
+        if op is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
         if isinstance(op, torch._ops.HigherOrderOperator):
             raise AotpackError(f"unsupported construct: {op.name()} (control flow) in node "
@@ -160,7 +185,12 @@ class Lowerer:
             return self._copy(node)
         if op in ops.UNARY:
             formula, expensive = ops.UNARY[op]
-            return self._pointwise(node, [node.args[0]], formula, expensive)
+            source_dtype = _meta(node.args[0]).dtype
+            if op is torch.ops.aten.bitwise_not.default and source_dtype == torch.bool:
+                formula = "!{0}"  # ~true is -2, which is true again as a bool
+            # predicates (isnan, logical_not) test the input, not its cast to bool
+            predicate = _meta(node).dtype == torch.bool and source_dtype != torch.bool
+            return self._pointwise(node, [node.args[0]], formula, expensive, compare=predicate)
         if op in ops.BINARY:
             a, b = node.args[0], node.args[1]
             alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
@@ -227,6 +257,10 @@ class Lowerer:
             outer, inner = (shape[:-1], shape[-1]) if shape else ((), 1)
         self.counter += 1
         buf = Buffer(f"buf{self.counter}", shape, contiguous_strides(shape), value.dtype, "kernel")
+        if value.numel == 0:  # nothing to compute: just allocate
+            value.realized = buf
+            self.steps.append(self._empty(buf))
+            return buf
         names = "_".join(dict.fromkeys(value.op_names)) or "copy"
         base_name = f"fused_{names[:48]}"
         kernel = FusedKernel(f"{base_name}_{self.counter}", base_name, [buf], [value], outer, inner, False)
@@ -242,6 +276,14 @@ class Lowerer:
         self.kernels.append(kernel)
         self.steps.append(KernelCall(kernel))
         return buf
+
+    @staticmethod
+    def _empty(buf: Buffer) -> ExternCall:
+        """``aten::empty_strided`` writing ``buf`` (for tensors with no elements)."""
+        args = [ExternArg("int_list", list(buf.shape)), ExternArg("int_list", list(buf.strides)),
+                ExternArg("scalar_type", buf.dtype), ExternArg("none", None),
+                ExternArg("none", None), ExternArg("none", None)]
+        return ExternCall(torch.ops.aten.empty_strided.default, args, [buf])
 
     def _strided(self, value: Value) -> tuple:
         parts = as_strided_parts(value)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from aotpack.config import ENV_RUNTIME
 from aotpack.errors import AotpackError
-from aotpack.templates import REPO_ROOT
 
+#: A source checkout's root (editable installs); the runtime builds into native/build.
+CHECKOUT = Path(__file__).resolve().parents[1]
 BUILD_HINT = "build it with `make runtime` (cmake -S native -B native/build && cmake --build native/build)"
 
 
@@ -24,7 +25,7 @@ def find_runtime() -> Path:
     Raises:
         AotpackError: not found; the message says how to build it.
     """
-    candidates = [os.environ.get(ENV_RUNTIME), str(REPO_ROOT / "native" / "build" / "aotpack-run"),
+    candidates = [os.environ.get(ENV_RUNTIME), str(CHECKOUT / "native" / "build" / "aotpack-run"),
                   shutil.which("aotpack-run")]
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):

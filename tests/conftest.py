@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
+from aotpack import parity
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.export import load_model_file
@@ -15,8 +17,6 @@ from aotpack.runtime import run_tensors
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "samples"
 MODELS = Path(__file__).resolve().parent / "models"
-#: float32 parity bound against eager PyTorch (issue #2).
-TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="session")
@@ -47,21 +47,13 @@ def eager_outputs(path) -> tuple[list[torch.Tensor], tuple]:
     inputs = tuple(t.clone() for t in model_file.example_inputs)
     with torch.no_grad():
         out = module(*[t.clone() for t in inputs])
-    return ([out] if isinstance(out, torch.Tensor) else list(out)), inputs
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], inputs
 
 
-def assert_native_parity(archive, path, tmp_path, tolerance=TOLERANCE) -> float:
+def assert_native_parity(archive, path, tmp_path, atol=parity.ATOL, rtol=parity.RTOL) -> float:
     """Run ``archive`` with the C++ runtime and compare to eager; returns max abs error."""
     reference, inputs = eager_outputs(path)
     outputs, _ = run_tensors(archive, inputs, tmp_path)
-    assert len(outputs) == len(reference)
-    worst = 0.0
-    for ours, ref in zip(outputs, reference):
-        assert ours.shape == ref.shape and ours.dtype == ref.dtype
-        if ref.dtype.is_floating_point:
-            error = (ours.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
-            assert error <= tolerance, f"max abs error {error} > {tolerance}"
-            worst = max(worst, error)
-        else:
-            assert torch.equal(ours, ref)
-    return worst
+    check = parity.compare(outputs, reference, atol=atol, rtol=rtol)
+    assert check.ok, check.problems
+    return check.max_abs_error
