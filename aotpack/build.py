@@ -15,7 +15,7 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity
@@ -45,17 +45,29 @@ def _signature(buffers, names) -> list[dict]:
              "strides": list(b.strides)} for n, b in zip(names, buffers)]
 
 
-def _output_signature(graph) -> list[dict]:
-    return [{"name": f"output_{i}", "dtype": str(base.dtype).removeprefix("torch."),
+def _output_signature(graph, names: list[str]) -> list[dict]:
+    return [{"name": name, "dtype": str(base.dtype).removeprefix("torch."),
              "shape": list(sizes), "strides": list(strides)}
-            for i, (base, sizes, strides, _) in enumerate(graph.outputs)]
+            for name, (base, sizes, strides, _) in zip(names, graph.outputs)]
 
 
-def _eager_reference(model_file) -> list[torch.Tensor]:
+def _output_names(structure) -> list[str]:
+    """Names of the flattened outputs: dict keys where forward returns a dict
+    (``logits``, ``aux.0``), else ``output_<i>`` in flattening order."""
+    names = []
+    for i, (path, leaf) in enumerate(tree_flatten_with_path(structure)[0]):
+        keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        has_key = any(hasattr(k, "key") for k in path)
+        names.append(".".join(keys) if has_key else f"output_{i}")
+    return names if len(set(names)) == len(names) else [f"output_{i}" for i in range(len(names))]
+
+
+def _eager_reference(model_file) -> tuple[list[torch.Tensor], list[str]]:
+    """Eager outputs (flattened) on copies of the example inputs, and their names."""
     module = copy.deepcopy(model_file.module).eval()
     with torch.no_grad():
         out = module(*[t.clone() for t in model_file.example_inputs])
-    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], _output_names(out)
 
 
 def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
@@ -111,8 +123,9 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     model_file = load_model_file(model_path)
     name = name or model_file.path.stem
     if not NAME_PATTERN.match(name):
-        raise AotpackError(f"name {name!r} must be letters, digits, '_', '.' or '-'; pass --name")
-    version = check_version(version or model_file.version or "0.1.0")
+        raise AotpackError(f"archive name {name!r} must start with a letter or digit and hold only "
+                           "letters, digits, '_', '.' or '-'; choose one with --name")
+    version = check_version((model_file.version or "0.1.0") if version is None else version)
     target = Path(out_dir) / f"{name}-{version}.aotpack"
 
     ep = export_model(model_file)
@@ -140,7 +153,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     finally:
         for lock in locks:
             lock.release()
-    check = parity.compare(outputs, _eager_reference(model_file))
+    reference, output_names = _eager_reference(model_file)
+    check = parity.compare(outputs, reference)
     log.info("compiled graph vs eager PyTorch: max abs error %.3g", check.max_abs_error)
     if not check.ok:
         message = (f"{model_file.path}: the compiled graph disagrees with eager PyTorch: "
@@ -168,7 +182,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                   "abi_version": cpp_wrapper.MODEL_ABI_VERSION},
         "constants": _signature(graph.constants, [b.name for b in graph.constants]),
         "inputs": _signature(graph.inputs, [b.name for b in graph.inputs]),
-        "outputs": _output_signature(graph),
+        "outputs": _output_signature(graph, output_names),
         "mutated_buffers": graph.mutated_buffers,
         "mutated_inputs": graph.mutated_inputs,
         "kernels": entries,

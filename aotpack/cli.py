@@ -55,6 +55,9 @@ def _build(args) -> int:
                                  retune=args.retune or None)
     result = build(args.model, args.output_dir, args.name, args.version, settings,
                    allow_mismatch=args.allow_mismatch)
+    if args.quiet:
+        print(result.archive)
+        return 0
     times = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
     print(f"{result.archive}  ({times})")
     return 0
@@ -69,9 +72,10 @@ def _run(args) -> int:
 
 
 def _inspect(args) -> int:
-    from aotpack.package import read_manifest
+    from aotpack.package import read_manifest, verify_files
 
     manifest = read_manifest(Path(args.archive))
+    problems = verify_files(Path(args.archive))
     if args.json:
         print(json.dumps(manifest, indent=2))
         return 0
@@ -86,6 +90,10 @@ def _inspect(args) -> int:
         timing = ", ".join(f"{t:.2f}" for t in k["timings_us"]) or "not timed"
         print(f"    {k['name']}: {k['tiling_repr']} (key {k['kernel_key'][:12]}, "
               f"{k['candidates']} candidates, us: {timing}{'' if k['visited'] else ', unvisited'})")
+    if problems:
+        print(f"  files: {len(problems)} problem(s): " + "; ".join(problems))
+        return 1
+    print(f"  files: {len(manifest['files'])}, sizes and sha256 match the manifest")
     return 0
 
 

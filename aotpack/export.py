@@ -6,12 +6,14 @@ tuple[Tensor, ...]`` (the real inputs the kernels are tuned on); optional
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import logging
 import re
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +25,8 @@ from aotpack.errors import AotpackError
 log = logging.getLogger("aotpack")
 
 aten = torch.ops.aten
-SEMVER = re.compile(r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$")
+#: semver.org 2.0: X.Y.Z without leading zeros, optional -prerelease and +build.
+SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 
 #: Composite ops broken up so their pieces fuse (row-wise softmax/layer_norm become
 #: reductions + pointwise). SDPA stays whole: it runs as an extern call (DESIGN.md §8).
@@ -76,8 +79,12 @@ def load_model_file(path: str | Path) -> ModelFile:
         sys.path.remove(str(path.parent))
     for name, signature in (("model", "def model() -> torch.nn.Module"),
                             ("example_inputs", "def example_inputs() -> tuple[torch.Tensor, ...]")):
-        if not callable(getattr(module, name, None)):
+        found = getattr(module, name, None)
+        if found is None or not callable(found):
             raise _fail(path, f"missing function '{name}'; add `{signature}` to the model file")
+        if isinstance(found, torch.nn.Module):
+            raise _fail(path, f"'{name}' is a module instance, not a function; write `{signature}` "
+                              "that returns it")
     try:
         net = module.model()
     except Exception as exc:
@@ -112,6 +119,21 @@ def decomposition_table() -> dict:
     return table
 
 
+@contextlib.contextmanager
+def _quiet_torch():
+    """Keep torch's own error logs and deprecation warnings off the user's screen: a
+    failure is reported once, as an AotpackError naming the model file."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
     """torch.export (static shapes) + decompositions, on a copy of the user's module.
 
@@ -125,7 +147,7 @@ def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
     inputs = tuple(t.clone() for t in model_file.example_inputs)
     path = model_file.path
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _quiet_torch():
             ep = torch.export.export(module, inputs, strict=False)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -133,6 +155,7 @@ def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
                           f"{first_line}; make forward() exportable with static shapes "
                           "(see https://pytorch.org/docs/stable/export.html)") from exc
     try:
-        return ep.run_decompositions(decomposition_table())
+        with _quiet_torch():
+            return ep.run_decompositions(decomposition_table())
     except Exception as exc:
         raise _fail(path, f"decomposing the exported graph failed: {type(exc).__name__}: {exc}") from exc

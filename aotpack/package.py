@@ -16,6 +16,8 @@ from pathlib import Path
 
 import zstandard
 
+from aotpack.errors import AotpackError
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MODEL_LIBRARY = "model/model.so"
@@ -74,24 +76,52 @@ def write_archive(target: Path, manifest: dict, files: dict[str, bytes]) -> Path
     return target
 
 
-def read_manifest(archive: Path) -> dict:
-    """The manifest of an archive (Python-side inspection; the runtime verifies)."""
-    with open(archive, "rb") as handle:
-        reader = zstandard.ZstdDecompressor().stream_reader(handle)
-        with tarfile.open(fileobj=reader, mode="r|") as tar:
-            for member in tar:
-                if member.name == MANIFEST:
-                    return json.loads(tar.extractfile(member).read())
-    raise ValueError(f"{archive}: no {MANIFEST}")
-
-
 def read_members(archive: Path) -> dict[str, bytes]:
-    """Every regular file of an archive, by path."""
-    out = {}
-    with open(archive, "rb") as handle:
-        reader = zstandard.ZstdDecompressor().stream_reader(handle)
-        with tarfile.open(fileobj=reader, mode="r|") as tar:
-            for member in tar:
-                if member.isfile():
-                    out[member.name] = tar.extractfile(member).read()
-    return out
+    """Every regular file of an archive, by path.
+
+    Raises:
+        AotpackError: the file is missing or is not a zstd-compressed tar.
+    """
+    try:
+        out = {}
+        with open(archive, "rb") as handle:
+            reader = zstandard.ZstdDecompressor().stream_reader(handle)
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    if member.isfile():
+                        out[member.name] = tar.extractfile(member).read()
+        return out
+    except OSError as exc:
+        raise AotpackError(f"cannot read {archive}: {exc.strerror or exc}") from None
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+        raise AotpackError(f"{archive} is not an .aotpack archive (a zstd-compressed tar): {exc}") from None
+
+
+def read_manifest(archive: Path) -> dict:
+    """The manifest of an archive.
+
+    Raises:
+        AotpackError: unreadable archive, or no valid manifest.json in it.
+    """
+    members = read_members(archive)
+    if MANIFEST not in members:
+        raise AotpackError(f"{archive} has no {MANIFEST}; it was not written by aotpack")
+    try:
+        return json.loads(members[MANIFEST])
+    except ValueError as exc:
+        raise AotpackError(f"{archive}: {MANIFEST} is not valid JSON: {exc}") from None
+
+
+def verify_files(archive: Path) -> list[str]:
+    """Problems with the archive's files against the manifest's sizes and sha256 (empty = ok)."""
+    members = read_members(archive)
+    manifest = read_manifest(archive)
+    listed = manifest.get("files", {})
+    problems = [f"{path}: missing" for path in sorted(set(listed) - set(members))]
+    problems += [f"{path}: not listed in the manifest" for path in sorted(set(members) - set(listed) - {MANIFEST})]
+    for path, entry in sorted(listed.items()):
+        data = members.get(path)
+        if data is not None and (len(data) != entry.get("size")
+                                 or hashlib.sha256(data).hexdigest() != entry.get("sha256")):
+            problems.append(f"{path}: sha256 mismatch (the file was modified)")
+    return problems

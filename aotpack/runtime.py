@@ -16,7 +16,7 @@ from aotpack.errors import AotpackError
 
 #: A source checkout's root (editable installs); the runtime builds into native/build.
 CHECKOUT = Path(__file__).resolve().parents[1]
-BUILD_HINT = "build it with `make runtime` (cmake -S native -B native/build && cmake --build native/build)"
+BUILD_HINT = "build it with `make runtime` (see native/README.md)"
 
 
 def find_runtime() -> Path:
@@ -25,8 +25,13 @@ def find_runtime() -> Path:
     Raises:
         AotpackError: not found; the message says how to build it.
     """
-    candidates = [os.environ.get(ENV_RUNTIME), str(CHECKOUT / "native" / "build" / "aotpack-run"),
-                  shutil.which("aotpack-run")]
+    chosen = os.environ.get(ENV_RUNTIME)
+    if chosen:
+        if Path(chosen).is_file() and os.access(chosen, os.X_OK):
+            return Path(chosen)
+        raise AotpackError(f"{ENV_RUNTIME}={chosen} is not an executable file; point it at aotpack-run "
+                           f"or unset it")
+    candidates = [str(CHECKOUT / "native" / "build" / "aotpack-run"), shutil.which("aotpack-run")]
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)

@@ -113,9 +113,15 @@ std::string signature(const std::vector<aotpack::TensorSpec>& specs) {
 }
 
 at::Tensor tensor_from_array(const aotpack::npy::Array& array) {
-  at::Tensor t = at::empty(array.shape, at::TensorOptions().dtype(array.dtype));
+  // Column-major data is the row-major data of the reversed shape, transposed back.
+  std::vector<int64_t> shape = array.shape;
+  if (array.fortran_order) std::reverse(shape.begin(), shape.end());
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(array.dtype));
   if (!array.data.empty()) std::memcpy(t.data_ptr(), array.data.data(), array.data.size());
-  return t;
+  if (!array.fortran_order || shape.size() < 2) return t;
+  std::vector<int64_t> reverse_dims(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) reverse_dims[i] = static_cast<int64_t>(shape.size() - 1 - i);
+  return t.permute(reverse_dims).contiguous();
 }
 
 at::Tensor load_input(const std::string& path, size_t index, const aotpack::TensorSpec& spec) {

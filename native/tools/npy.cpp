@@ -231,8 +231,7 @@ Array parse(const std::string& bytes, const std::string& label) {
   bool fortran_order = false;
   Array array;
   HeaderParser(header, label).parse(&descr, &fortran_order, &array.shape);
-  if (fortran_order)
-    fail(label + ": Fortran-order arrays are not supported; save np.ascontiguousarray(a)");
+  array.fortran_order = fortran_order;
   array.dtype = dtype_from_descr(descr, label);
   const uint64_t nbytes = nbytes_of(array.dtype, array.shape, label);
   if (bytes.size() - data_start != nbytes)

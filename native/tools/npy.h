@@ -16,7 +16,8 @@ namespace aotpack::npy {
 struct Array {
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::vector<int64_t> shape;
-  std::string data;  // row-major bytes, numel * itemsize
+  std::string data;            // numel * itemsize bytes, in the order below
+  bool fortran_order = false;  // column-major data (numpy's order='F', e.g. a saved a.T)
 };
 
 /// Parses the bytes of a .npy file; `label` names it in errors. Throws aotpack::Error.

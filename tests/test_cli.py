@@ -1,0 +1,106 @@
+"""The aotpack command as a user meets it: inspect, run, messages."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aotpack.package import read_manifest
+from conftest import MODELS, assert_native_parity
+
+
+def aotpack(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "aotpack", *map(str, args)], capture_output=True,
+                          text=True, env=env)
+
+
+def test_dict_outputs_are_named_by_their_keys(build_model, tmp_path):
+    result = build_model(MODELS / "dict_outputs.py")
+    assert [o["name"] for o in read_manifest(result.archive)["outputs"]] == ["logits", "aux.0", "aux.1"]
+    assert_native_parity(result.archive, MODELS / "dict_outputs.py", tmp_path)
+
+
+def test_inspect_lists_signature_kernels_and_checks_files(build_model):
+    result = aotpack("inspect", build_model(MODELS / "dict_outputs.py").archive)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("dict_outputs 0.1.0  (format 1, backend cpu, torch 2.13.0")
+    assert "  input  x: float32[6]" in lines
+    assert "  output aux.1: float32[]" in lines
+    assert lines[-1].endswith("sizes and sha256 match the manifest")
+
+
+def test_inspect_reports_a_modified_file(build_model, tmp_path):
+    import io
+    import tarfile
+
+    import zstandard
+    archive = build_model(MODELS / "dict_outputs.py").archive
+    raw = zstandard.ZstdDecompressor().decompress(archive.read_bytes(), max_output_size=1 << 30)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as src, tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src:
+            data = src.extractfile(member).read()
+            if member.name == "model/model.cpp":
+                data = data.replace(b"aotpack", b"AOTPACK", 1)
+            dst.addfile(member, io.BytesIO(data))
+    tampered = tmp_path / "tampered.aotpack"
+    tampered.write_bytes(zstandard.ZstdCompressor().compress(out.getvalue()))
+    result = aotpack("inspect", tampered)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1] == \
+        "  files: 1 problem(s): model/model.cpp: sha256 mismatch (the file was modified)"
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read {path}: No such file or directory"),
+    (b"garbage", "{path} is not an .aotpack archive (a zstd-compressed tar): "
+                 "zstd decompress error: Unknown frame descriptor"),
+])
+def test_inspect_bad_files_give_one_line(tmp_path, content, message):
+    path = tmp_path / "x.aotpack"
+    if content is not None:
+        path.write_bytes(content)
+    result = aotpack("inspect", path)
+    assert result.returncode == 1
+    assert result.stderr == f"aotpack: error: {message.format(path=path)}\n"
+
+
+def test_run_writes_named_outputs(build_model, tmp_path):
+    archive = build_model(MODELS / "dict_outputs.py").archive
+    x = tmp_path / "x.npy"
+    np.save(x, np.linspace(-1, 1, 6, dtype=np.float32))
+    out = tmp_path / "out.npz"
+    result = aotpack("run", archive, "--inputs", x, "--output", out)
+    assert result.returncode == 0, result.stderr
+    with np.load(out) as npz:
+        assert npz.files == ["logits", "aux.0", "aux.1"]
+        np.testing.assert_allclose(npz["logits"], np.linspace(-1, 1, 6) * 2, rtol=1e-6)
+
+
+def test_runtime_override_must_exist(build_model, tmp_path):
+    import os
+    archive = build_model(MODELS / "dict_outputs.py").archive
+    env = dict(os.environ, AOTPACK_RUNTIME=str(tmp_path / "missing"))
+    result = aotpack("run", archive, "--inputs", tmp_path / "x.npy", env=env)
+    assert result.returncode == 1
+    assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME={tmp_path / 'missing'} is not an "
+                             "executable file; point it at aotpack-run or unset it\n")
+
+
+@pytest.mark.parametrize("version", ["01.2.3", "1.2", ""])
+def test_versions_must_be_semantic(tmp_path, version):
+    result = aotpack("build", MODELS / "dict_outputs.py", "-o", tmp_path, "--version", version)
+    assert result.returncode == 1
+    assert result.stderr == (f"aotpack: error: version {version!r} is not a semantic version; "
+                             "use X.Y.Z, e.g. 1.0.0\n")
+
+
+def test_module_instead_of_function_is_explained(tmp_path):
+    path = tmp_path / "instance.py"
+    path.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\n"
+                    "def example_inputs():\n    return (torch.ones(2),)\n")
+    result = aotpack("build", path, "-o", tmp_path / "out")
+    assert result.returncode == 1
+    assert result.stderr == (f"aotpack: error: {path}: 'model' is a module instance, not a function; "
+                             "write `def model() -> torch.nn.Module` that returns it\n")
