@@ -136,6 +136,8 @@ class KernelArtifacts:
     kernel: FusedKernel
     candidates: list[Tiling]
     directory: Path
+    sources: dict[str, str] = field(default_factory=dict)  # kernel_key -> kernel.cpp
+    wrapper_source: str = ""
     winner: Tiling | None = None  # known after a cache hit or autotune
     timings_us: list[float] = field(default_factory=list)
     visited: bool = False
@@ -205,10 +207,8 @@ def prepare(kernels: list[FusedKernel], topn: int, device_limit: int, march: str
         wrapper = render("cpu_wrapper.cpp.j2", candidates=candidates)
         directory = cache_dir / "cpu" / kernel.base_name / _artifact_hash(sources, wrapper, march, device_limit)
         if directory not in unique:
-            art = KernelArtifacts(kernel, candidates, directory)
-            art.sources = dict(zip((t.kernel_key for t in candidates), sources))
-            art.wrapper_source = wrapper
-            unique[directory] = art
+            unique[directory] = KernelArtifacts(
+                kernel, candidates, directory, dict(zip((t.kernel_key for t in candidates), sources)), wrapper)
         by_kernel[id(kernel)] = unique[directory]
     return list(unique.values()), by_kernel
 

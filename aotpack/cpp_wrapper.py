@@ -56,6 +56,7 @@ class KernelLiteral:
 
 
 def kernel_literal(art) -> KernelLiteral:
+    """Archive paths and winning kernel_key of one kernel (``compile.KernelArtifacts``)."""
     folder = f"kernels/{art.kernel.name}"
     key = art.winner.kernel_key
     return KernelLiteral(art.kernel.name, f"{folder}/wrapper.so", folder,

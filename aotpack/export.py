@@ -111,6 +111,7 @@ def check_version(version: str) -> str:
 
 
 def decomposition_table() -> dict:
+    """torch's core ATen decompositions + ``EXTRA_DECOMPOSITIONS``, minus ``KEEP_WHOLE``."""
     table = core_aten_decompositions()
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
     for op in KEEP_WHOLE:

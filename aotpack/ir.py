@@ -26,52 +26,57 @@ import torch
 
 @dataclass(frozen=True)
 class Index:
-    """An integer index expression over loop variables.
+    """An integer index expression: ``sum(coef * atom) + const``, all non-negative.
 
-    Affine form ``sum(coef * var) + const`` (``terms`` holds ``(var, coef, extent)``,
-    extent = the variable's trip count), or an opaque C expression when a floordiv or
-    modulo cannot be simplified away. ``upper`` is an exclusive upper bound.
+    ``terms`` holds ``(atom, coef, extent)``: an atom is a loop variable (``i0``, ``j``)
+    or, when a floordiv/modulo cannot be simplified away, that C sub-expression
+    (``((i0) / 4)``), with ``extent`` its exclusive upper bound. Keeping such atoms as
+    terms keeps every index affine, so strides stay visible (e.g. to spot transposing
+    access) and later floordiv/modulo can still simplify.
     """
 
     terms: tuple = ()
     const: int = 0
-    opaque: str | None = None
-    opaque_upper: int = 0
 
     @staticmethod
     def var(name: str, extent: int) -> "Index":
+        """Loop variable ``name`` running over ``range(extent)`` (constant 0 if extent <= 1)."""
         return Index(((name, 1, extent),), 0) if extent > 1 else Index((), 0)
 
     @staticmethod
     def constant(value: int) -> "Index":
+        """The integer ``value``."""
         return Index((), int(value))
 
     @property
     def upper(self) -> int:
-        if self.opaque is not None:
-            return self.opaque_upper
+        """Exclusive upper bound of the value."""
         return self.const + sum(c * (e - 1) for _, c, e in self.terms) + 1
+
+    def coefficient(self, atom: str) -> int:
+        """Coefficient of ``atom`` (e.g. the stride along loop variable ``j``)."""
+        return sum(c for name, c, _ in self.terms if name == atom)
+
+    def atoms(self) -> list[str]:
+        return [name for name, _, _ in self.terms]
 
     def __add__(self, other: "Index | int") -> "Index":
         other = other if isinstance(other, Index) else Index.constant(other)
-        if self.opaque is not None or other.opaque is not None:
-            return _opaque(f"(({self.render()}) + ({other.render()}))", self.upper + other.upper - 1)
         merged: dict[str, list] = {}
         for name, coef, extent in self.terms + other.terms:
             slot = merged.setdefault(name, [0, extent])
             slot[0] += coef
         terms = tuple(sorted((n, c, e) for n, (c, e) in merged.items() if c != 0))
-        return Index(terms, self.const + other.const)
+        return _recombine(Index(terms, self.const + other.const))
 
     def scale(self, factor: int) -> "Index":
+        """``self * factor`` (factor >= 0: strides and slice steps)."""
         if factor == 0:
             return Index.constant(0)
-        if self.opaque is not None:
-            return _opaque(f"(({self.render()}) * {factor})", (self.upper - 1) * factor + 1)
         return Index(tuple((n, c * factor, e) for n, c, e in self.terms), self.const * factor)
 
     def _split(self, divisor: int) -> tuple["Index", "Index"]:
-        """(part divisible by divisor, remainder part) of an affine index."""
+        """(part divisible by divisor, remainder part)."""
         div_terms = tuple(t for t in self.terms if t[1] % divisor == 0)
         rest_terms = tuple(t for t in self.terms if t[1] % divisor != 0)
         quotient, remainder = divmod(self.const, divisor)
@@ -89,46 +94,74 @@ class Index:
         return None
 
     def floordiv(self, divisor: int) -> "Index":
+        """``self // divisor`` (divisor > 0), simplified exactly using atom ranges."""
         if divisor == 1:
             return self
         if self.upper <= divisor:
             return Index.constant(0)
-        if self.opaque is None:
-            whole, rest = self._split(divisor)
-            if rest.upper <= divisor:
-                return Index(tuple((n, c // divisor, e) for n, c, e in whole.terms), whole.const // divisor)
-            factored = self._factor(divisor)
-            if factored:
-                g, big, _ = factored
-                return big.floordiv(divisor // g)
-        return _opaque(f"(({self.render()}) / {divisor})", (self.upper - 1) // divisor + 1)
+        whole, rest = self._split(divisor)
+        quotient = Index(tuple((n, c // divisor, e) for n, c, e in whole.terms), whole.const // divisor)
+        if rest.upper <= divisor:
+            return quotient
+        if whole.terms or whole.const:  # (d*q + rest) // d == q + rest // d
+            return quotient + rest.floordiv(divisor)
+        factored = self._factor(divisor)
+        if factored:
+            g, big, _ = factored
+            return big.floordiv(divisor // g)
+        return _atom(self, "/", divisor, (self.upper - 1) // divisor + 1)
 
     def mod(self, divisor: int) -> "Index":
+        """``self % divisor`` (divisor > 0), simplified exactly using atom ranges."""
         if divisor == 1:
             return Index.constant(0)
         if self.upper <= divisor:
             return self
-        if self.opaque is None:
-            _, rest = self._split(divisor)
-            if rest.upper <= divisor:
-                return rest
-            factored = self._factor(divisor)
-            if factored:
-                g, big, small = factored
-                return big.mod(divisor // g).scale(g) + small
-        return _opaque(f"(({self.render()}) % {divisor})", divisor)
+        _, rest = self._split(divisor)
+        if rest.upper <= divisor:
+            return rest
+        factored = self._factor(divisor)
+        if factored:
+            g, big, small = factored
+            return big.mod(divisor // g).scale(g) + small
+        if len(rest.terms) < len(self.terms):  # (d*q + rest) % d == rest % d
+            return rest.mod(divisor)
+        return _atom(self, "%", divisor, divisor)
 
     def render(self) -> str:
-        if self.opaque is not None:
-            return self.opaque
+        """C++ expression (int64 arithmetic; '/' and '%' on non-negative values)."""
         parts = [name if coef == 1 else f"{coef} * {name}" for name, coef, _ in self.terms]
         if self.const or not parts:
             parts.append(str(self.const))
         return " + ".join(parts)
 
 
-def _opaque(text: str, upper: int) -> Index:
-    return Index((), 0, text, max(1, upper))
+#: atom text -> (operand, "/" or "%", divisor), to recognise d*(E / d) + (E % d) == E
+_ATOMS: dict[str, tuple["Index", str, int]] = {}
+
+
+def _atom(operand: Index, op: str, divisor: int, extent: int) -> Index:
+    """``operand / divisor`` or ``operand % divisor`` kept as one term over ``range(extent)``."""
+    if extent <= 1:
+        return Index.constant(0)
+    text = f"(({operand.render()}) {op} {divisor})"
+    _ATOMS[text] = (operand, op, divisor)
+    return Index(((text, 1, extent),), 0)
+
+
+def _recombine(index: Index) -> Index:
+    """Fold ``c*d*(E / d) + c*(E % d)`` back into ``c*E`` (a split index merged again)."""
+    coefs = {name: coef for name, coef, _ in index.terms}
+    for name, coef, _ in index.terms:
+        found = _ATOMS.get(name)
+        if not found or found[1] != "/":
+            continue
+        operand, _, divisor = found
+        partner = f"(({operand.render()}) % {divisor})"
+        if coef % divisor == 0 and coefs.get(partner) == coef // divisor:
+            rest = Index(tuple(t for t in index.terms if t[0] not in (name, partner)), index.const)
+            return rest + operand.scale(coef // divisor)
+    return index
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

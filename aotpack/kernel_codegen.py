@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from aotpack.ir import C_TYPES, Buffer, FusedKernel, Index, Reduction, contiguous_strides
+from aotpack.ir import (
+    C_TYPES, Buffer, FusedKernel, Index, Reduction, contiguous_strides, flat_index, unflatten_index,
+)
 from aotpack.render import render
 
 
@@ -40,6 +42,7 @@ REDUCTION_COMBINE = {
     "min": "{acc} = {acc} < {v} ? {acc} : {v};",
 }
 _TOKEN = re.compile(r"[A-Za-z_]\w*")
+_J_DIVISOR = re.compile(r"\(\(j\) [/%] (\d+)\)")
 
 
 def _accumulator(kind: str, dtype) -> tuple[str, str]:
@@ -84,6 +87,10 @@ class KernelContext:
         self.reduction_count = 0
         self.row_lines: list[str] = []
         self.depends_on_j: set[str] = {"j"}
+        #: some load steps through memory along j (a transposing access)
+        self.strided_inner = False
+        #: d of loads indexing with j // d or j % d: splitting j by d makes them affine
+        self.inner_divisors: set[int] = set()
         self.outer_vars = [Index.var(f"i{k}", size) for k, size in enumerate(kernel.outer_shape)]
 
     def _new_var(self) -> str:
@@ -113,6 +120,12 @@ class KernelContext:
         return self.args[key][0]
 
     def load(self, buffer: Buffer, offset: Index) -> str:
+        if offset.coefficient("j") not in (0, 1):
+            self.strided_inner = True
+        for atom in offset.atoms():
+            if atom != "j" and "j" in _TOKEN.findall(atom):
+                self.strided_inner = True
+                self.inner_divisors.update(int(d) for d in _J_DIVISOR.findall(atom))
         return self.emit(C_TYPES[buffer.dtype], f"{self.arg_name(buffer)}[{offset.render()}]")
 
     def reduction(self, red: Reduction, outer: list[Index]) -> str:
@@ -169,6 +182,8 @@ class KernelBody:
     write_lines: list[str]
     write_is_row: bool
     has_reduction: bool
+    strided_inner: bool = False  # a load is not unit-stride along j: loop order matters
+    inner_divisors: tuple = ()  # d such that a load reads j // d or j % d
 
 
 def build_body(kernel: FusedKernel) -> KernelBody:
@@ -191,16 +206,17 @@ def build_body(kernel: FusedKernel) -> KernelBody:
             stores.append(f"out{len(stores)}[r] = {var};")
             write_is_row = False
         else:
-            index = ctx.outer_vars + [Index.var("j", kernel.inner_size)]
-            if len(kernel.outer_shape) == len(value.shape):
-                index = ctx.outer_vars  # 0-d values: no inner dim
+            # the domain may refine the value's shape (same elements, row-major)
+            domain = ctx.outer_vars + [Index.var("j", kernel.inner_size)]
+            index = unflatten_index(flat_index(domain, kernel.outer_shape + (kernel.inner_size,)), value.shape)
             var = value.fn(ctx, index)
             ctype = C_TYPES[out.dtype]
             stores.append(f"out{len(stores)}[r * {kernel.inner_size} + j] = static_cast<{ctype}>({var});")
     args = [(name, C_TYPES[buf.dtype], False) for name, buf in ctx.args.values()]
     args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
     kernel.inputs = [buf for _, buf in ctx.args.values()]
-    return KernelBody(args, ctx.row_lines, write.lines + stores, write_is_row, bool(ctx.reductions))
+    return KernelBody(args, ctx.row_lines, write.lines + stores, write_is_row, bool(ctx.reductions),
+                      ctx.strided_inner, tuple(sorted(ctx.inner_divisors)))
 
 
 def render_kernel(kernel: FusedKernel, tiling) -> str:
@@ -209,15 +225,17 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
     clause = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
     row_lines = [line.replace(SIMDLEN_MARK, clause) for line in body.row_lines]
     rows = math.prod(kernel.outer_shape)
-    tile = min(tiling.inner_tile, kernel.inner_size) if body.write_is_row and not body.has_reduction \
-        else kernel.inner_size
+    splits_rows = body.write_is_row and not body.has_reduction  # a reduction needs whole rows
+    tile = min(tiling.inner_tile, kernel.inner_size) if splits_rows else kernel.inner_size
     tiles = -(-kernel.inner_size // tile)
+    row_block = min(tiling.row_block, rows) if splits_rows and tiling.row_block > 1 else 0
+    row_blocks = -(-rows // row_block) if row_block else rows
     outer = [(f"i{k}", stride, size)
              for k, (stride, size) in enumerate(zip(contiguous_strides(kernel.outer_shape), kernel.outer_shape))
              if size > 1]
     return render(
         "cpu_kernel.cpp.j2",
         body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
-        items=rows * tiles, outer=outer, block_dim=tiling.block_dim,
+        items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.repr,
     )

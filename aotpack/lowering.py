@@ -272,10 +272,31 @@ class Lowerer:
                 self.realize(need.reduction)
         kernel.body = body
         kernel.has_reduction = body.has_reduction
+        if body.inner_divisors and not body.has_reduction:
+            self._refine_domain(kernel)
         value.realized = buf
         self.kernels.append(kernel)
         self.steps.append(KernelCall(kernel))
         return buf
+
+    @staticmethod
+    def _refine_domain(kernel: FusedKernel) -> None:
+        """Split the inner dimension when loads index it as ``j // d`` and ``j % d``.
+
+        A reshape (e.g. merging attention heads back) leaves div/mod on ``j`` in the
+        inner loop, which blocks vectorisation; iterating ``(N/d, d)`` instead makes every
+        index affine again. The output is contiguous, so any such refinement is exact.
+        """
+        for d in kernel.body.inner_divisors:
+            if d >= kernel.inner_size or kernel.inner_size % d:
+                continue
+            trial = FusedKernel(kernel.name, kernel.base_name, kernel.outputs, kernel.values,
+                                kernel.outer_shape + (kernel.inner_size // d,), d, False)
+            body = build_body(trial)
+            if not body.inner_divisors:
+                kernel.outer_shape, kernel.inner_size, kernel.body = trial.outer_shape, d, body
+                kernel.inputs = trial.inputs
+                return
 
     @staticmethod
     def _empty(buf: Buffer) -> ExternCall:

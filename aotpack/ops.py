@@ -106,6 +106,7 @@ REDUCTIONS = {
     aten.mean.default: ("sum", True),
     aten.amax.default: ("max", False),
     aten.amin.default: ("min", False),
+    aten.prod.dim_int: ("prod", False),
 }
 
 

@@ -31,20 +31,24 @@ class Tiling:
 
     block_dim: OpenMP threads. inner_tile: elements of the innermost dimension per
     work item (pointwise kernels only; rows are never split when a kernel reduces).
-    simdlen: ``omp simd simdlen`` (0 = compiler's choice). chunk: rows per
+    simdlen: ``omp simd simdlen`` (0 = compiler's choice). chunk: work items per
     ``schedule(static, chunk)`` slice (0 = one contiguous slice per thread).
+    row_block: rows per work item, swept column tile by column tile — the loop order
+    for transposing access (0 = one row per work item).
     """
 
     block_dim: int
     inner_tile: int
     simdlen: int
     chunk: int
+    row_block: int = 0
     workspace: int = 0
 
     @property
     def repr(self) -> str:
-        return (f"cpu;block_dim={self.block_dim};inner_tile={self.inner_tile};"
+        text = (f"cpu;block_dim={self.block_dim};inner_tile={self.inner_tile};"
                 f"simdlen={self.simdlen};chunk={self.chunk}")
+        return text + (f";row_block={self.row_block}" if self.row_block else "")
 
     @property
     def optimize_tiling(self) -> str:
@@ -83,7 +87,12 @@ def solve(kernel: FusedKernel, reduces: bool, device_limit: int, count: int = MA
     items = rows * -(-cols // default_tile)
     block = _default_block_dim(numel, items, device_limit)
     default = Tiling(block, default_tile, 0, 0)
+    transposing = kernel.body.strided_inner and not reduces and rows >= 16 and cols >= 16
+    if transposing:  # blocked loop order: strided reads reuse cache lines across rows
+        default = Tiling(block, min(cols, 32), 0, 0, row_block=16)
     options = [default]
+    if transposing:
+        options += [Tiling(block, min(cols, 64), 0, 0, row_block=32), Tiling(block, default_tile, 0, 0)]
     # Nearest neighbours of the default first: thread count, then vector width,
     # then work split (tile or interleaved rows).
     other_blocks = [b for b in (1, device_limit) if b != block and b <= max(1, items)]

@@ -53,3 +53,44 @@ def test_merge_of_contiguous_dims_stays_affine():
     index = [Index.var("i0", 512), Index.var("j", 256)]
     mapped = unflatten_index(flat_index(index, (512, 256)), (4, 128, 256))
     assert [m.render() for m in mapped] == ["((i0) / 128)", "((i0) % 128)", "j"]
+
+
+def _chain_cases(count: int, seed: int = 1):
+    rng = random.Random(seed)
+    for old, mid in _reshape_cases(count, seed):
+        factors = [f for size in mid for f in _prime_factors(size)]
+        rng.shuffle(factors)
+        new = [1] * rng.randint(1, 4)
+        for f in factors:
+            new[rng.randrange(len(new))] *= f
+        yield old, mid, new
+
+
+def _prime_factors(n: int) -> list[int]:
+    found = []
+    for f in (2, 3):
+        while n % f == 0:
+            found.append(f)
+            n //= f
+    return found
+
+
+@pytest.mark.parametrize("shapes", list(_chain_cases(100)))
+def test_reshape_chains_match_integer_arithmetic(shapes):
+    # new -> mid -> old, as views of views produce; exercises split/merge recombination
+    old, mid, new = shapes
+    loop_vars = [Index.var(f"v{d}", size) for d, size in enumerate(new)]
+    in_mid = unflatten_index(flat_index(loop_vars, new), mid)
+    in_old = unflatten_index(flat_index(in_mid, mid), old)
+    old_strides = [math.prod(old[d + 1:]) for d in range(len(old))]
+    new_strides = [math.prod(new[d + 1:]) for d in range(len(new))]
+    for point in itertools.product(*[range(s) for s in new]):
+        flat = sum(p * s for p, s in zip(point, new_strides))
+        env = {f"v{d}": p for d, p in enumerate(point)}
+        assert [_evaluate(m, env) for m in in_old] == [(flat // st) % size for st, size in zip(old_strides, old)]
+
+
+def test_split_then_merge_folds_back_to_the_variable():
+    i0 = Index.var("i0", 512)
+    parts = unflatten_index(flat_index([i0], (512,)), (4, 128))   # i0 // 128, i0 % 128
+    assert flat_index(parts, (4, 128)).render() == "i0"
