@@ -27,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--topn", help="candidate tilings per kernel, 1-10 (env AOTPACK_AUTOTUNE_TOPN, default 1)")
     b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
     b.add_argument("--march", default=None, help="target ISA for -march (default: native)")
+    b.add_argument("--backend", help="kernel backend: cpu (default) or npu (env AOTPACK_BACKEND)")
     b.add_argument("--cache-dir", help="kernel cache (env AOTPACK_CACHE_DIR)")
     b.add_argument("--debug-dir", help="keep generated sources here (env AOTPACK_DEBUG=1)")
     b.add_argument("--retune", action="store_true",
@@ -52,7 +53,7 @@ def _build(args) -> int:
 
     settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, march=args.march,
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
-                                 retune=args.retune or None)
+                                 retune=args.retune or None, backend=args.backend)
     result = build(args.model, args.output_dir, args.name, args.version, settings,
                    allow_mismatch=args.allow_mismatch)
     if args.quiet:

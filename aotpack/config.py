@@ -24,6 +24,8 @@ ENV_COMPILE_THREADS = "AOTPACK_COMPILE_THREADS"
 ENV_DEBUG = "AOTPACK_DEBUG"
 ENV_RUNTIME = "AOTPACK_RUNTIME"
 ENV_RETUNE = "AOTPACK_RETUNE"
+ENV_BACKEND = "AOTPACK_BACKEND"
+BACKENDS = ("cpu", "npu")
 
 
 def parse_topn(raw: str | int, source: str = ENV_TOPN) -> int:
@@ -80,6 +82,25 @@ def parse_device_limit(raw: str | int | None, source: str = ENV_DEVICE_LIMIT) ->
     return min(value, cores)
 
 
+def check_backend(name: str) -> str:
+    """The backend to build for: ``cpu`` (built in) or ``npu`` (needs torch_npu).
+
+    Raises:
+        AotpackError: an unknown backend, or ``npu`` where it cannot run.
+    """
+    if name not in BACKENDS:
+        raise AotpackError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            raise AotpackError("backend 'npu' needs torch_npu and CANN >= 9.1.0 on an Ascend NPU "
+                               "(pip install 'aotpack[npu]'); use --backend cpu here") from None
+        raise AotpackError("backend 'npu' is not available in this aotpack release yet; "
+                           "use --backend cpu")
+    return name
+
+
 def default_cache_dir() -> Path:
     """``$AOTPACK_CACHE_DIR`` or ``$XDG_CACHE_HOME/aotpack`` (``~/.cache/aotpack``)."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -97,6 +118,7 @@ class Settings:
     debug_dir: Path | None = None
     march: str = "native"
     retune: bool = False
+    backend: str = "cpu"
 
     @staticmethod
     def from_env(**overrides) -> "Settings":
@@ -117,4 +139,5 @@ class Settings:
         return Settings(topn=topn, cache_dir=Path(cache), device_limit=limit,
                         compile_threads=threads, debug_dir=Path(debug) if debug else None,
                         march=overrides.get("march") or "native",
-                        retune=bool(overrides.get("retune")) or env.get(ENV_RETUNE) == "1")
+                        retune=bool(overrides.get("retune")) or env.get(ENV_RETUNE) == "1",
+                        backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, "cpu")))

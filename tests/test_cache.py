@@ -44,3 +44,22 @@ def test_device_limit_is_part_of_the_cache_key_and_bounds_block_dim(tmp_path):
     assert manifest["device_limit"] == 1
     assert all("block_dim=1;" in t for k in manifest["kernels"] for t in k["candidate_tilings"])
     assert one.compiled > 0
+
+
+def test_concurrent_builds_share_the_cache_safely(tmp_path):
+    """Two processes building the same model at once: compile.lock serialises them,
+    both archives are written, and they agree on every winner."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, AOTPACK_CACHE_DIR=str(tmp_path / "cache"), SOURCE_DATE_EPOCH="0")
+    procs = [subprocess.Popen([sys.executable, "-m", "aotpack", "-q", "build", str(SAMPLES / "mlp.py"),
+                               "-o", str(tmp_path / f"out{i}"), "--topn", "2"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    manifests = [read_manifest(tmp_path / f"out{i}" / "mlp-0.1.0.aotpack") for i in range(2)]
+    assert [k["kernel_key"] for k in manifests[0]["kernels"]] == [k["kernel_key"] for k in manifests[1]["kernels"]]

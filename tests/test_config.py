@@ -44,3 +44,15 @@ def test_device_limit_is_bounded_by_available_cores():
     assert parse_device_limit(str(available_cores() + 7)) == available_cores()
     with pytest.raises(AotpackError, match="must be >= 1"):
         parse_device_limit("0")
+
+
+def test_npu_backend_without_torch_npu_is_a_clear_error():
+    with pytest.raises(AotpackError) as err:
+        Settings.from_env(backend="npu")
+    assert str(err.value) == ("backend 'npu' needs torch_npu and CANN >= 9.1.0 on an Ascend NPU "
+                              "(pip install 'aotpack[npu]'); use --backend cpu here")
+
+
+def test_unknown_backend():
+    with pytest.raises(AotpackError, match="unknown backend 'gpu'; choose one of cpu, npu"):
+        Settings.from_env(backend="gpu")
