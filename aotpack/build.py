@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
-from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity
+from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model_file
@@ -106,11 +106,12 @@ def _dump_debug(debug_dir: Path, name: str, arts, model_source: str) -> None:
 
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None,
-          allow_mismatch: bool = False) -> BuildResult:
+          allow_mismatch: bool = False, selftest: bool = False) -> BuildResult:
     """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file.
 
     The Python-mode run (the same compiled kernels and extern calls the archive runs)
-    is checked against eager PyTorch on the example inputs (``aotpack.parity``).
+    is checked against eager PyTorch on the example inputs (``aotpack.parity``). With
+    ``selftest``, those inputs and eager outputs go into the archive for ``aotpack verify``.
 
     Raises:
         AotpackError: any problem the user can fix (bad model file, export failure,
@@ -174,6 +175,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     files[package.WEIGHTS] = safetensors.torch.save(constants) if constants else safetensors.torch.save({})
     entries, kernel_files = _kernel_entries(arts)
     files.update(kernel_files)
+    if selftest:
+        files.update(verify.selftest_files(model_file.example_inputs, reference, output_names))
     manifest = {
         "format_version": package.FORMAT_VERSION, "name": name, "version": version,
         "aotpack_version": aotpack.__version__, "torch_version": torch.__version__.split("+")[0],
@@ -187,6 +190,9 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         "mutated_inputs": graph.mutated_inputs,
         "kernels": entries,
     }
+    if selftest:
+        manifest["selftest"] = {"inputs": verify.SELFTEST_INPUTS, "outputs": verify.SELFTEST_OUTPUTS,
+                                "atol": parity.ATOL, "rtol": parity.RTOL}
     package.write_archive(target, manifest, files)
     if settings.debug_dir:
         _dump_debug(settings.debug_dir, name, arts, source)

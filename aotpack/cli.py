@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="ignore cached autotune results (optimize_tiling) and time again")
     b.add_argument("--allow-mismatch", action="store_true",
                    help="write the archive even if outputs differ from eager PyTorch")
+    b.add_argument("--selftest", action="store_true",
+                   help="store example inputs and eager outputs so `aotpack verify` can re-check them")
 
     r = sub.add_parser("run", help="run an archive with the native C++ runtime")
     r.add_argument("archive")
@@ -41,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="write outputs to this .npz")
     r.add_argument("--bench", type=int, default=0, help="time N runs and print latency")
     r.add_argument("--device-limit", type=int, default=0)
+
+    v = sub.add_parser("verify", help="check an archive's files, load it natively, rerun its self-test")
+    v.add_argument("archive")
 
     i = sub.add_parser("inspect", help="print an archive's manifest summary")
     i.add_argument("archive")
@@ -55,7 +60,7 @@ def _build(args) -> int:
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
                                  retune=args.retune or None, backend=args.backend)
     result = build(args.model, args.output_dir, args.name, args.version, settings,
-                   allow_mismatch=args.allow_mismatch)
+                   allow_mismatch=args.allow_mismatch, selftest=args.selftest)
     if args.quiet:
         print(result.archive)
         return 0
@@ -98,11 +103,19 @@ def _inspect(args) -> int:
     return 0
 
 
+def _verify(args) -> int:
+    from aotpack.verify import verify
+
+    for line in verify(args.archive):
+        print(line)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")
-    handlers = {"build": _build, "run": _run, "inspect": _inspect}
+    handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify}
     try:
         return handlers[args.command](args)
     except AotpackError as exc:

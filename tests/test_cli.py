@@ -104,3 +104,44 @@ def test_module_instead_of_function_is_explained(tmp_path):
     assert result.returncode == 1
     assert result.stderr == (f"aotpack: error: {path}: 'model' is a module instance, not a function; "
                              "write `def model() -> torch.nn.Module` that returns it\n")
+
+
+def test_verify_reruns_the_stored_selftest(build_model):
+    archive = build_model(MODELS / "dict_outputs.py", selftest=True).archive
+    assert read_manifest(archive)["selftest"]["atol"] == 1e-4
+    result = aotpack("verify", archive)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("files: ") and lines[0].endswith(" entries match their sha256")
+    assert lines[1].startswith("load: ok: dict_outputs 0.1.0")
+    assert lines[2].startswith("self-test: 3 outputs match eager PyTorch (max abs error ")
+
+
+def test_verify_without_selftest_says_so(build_model):
+    result = aotpack("verify", build_model(MODELS / "dict_outputs.py").archive)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "self-test: none stored (build with --selftest to include one)"
+
+
+def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):
+    import io
+    import tarfile
+
+    import safetensors.torch
+    import torch
+    import zstandard
+    from aotpack.package import write_archive
+    archive = build_model(MODELS / "dict_outputs.py", selftest=True).archive
+    raw = zstandard.ZstdDecompressor().decompress(archive.read_bytes(), max_output_size=1 << 30)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    manifest = read_manifest(archive)
+    expected = safetensors.torch.load(files["selftest/outputs.safetensors"])
+    expected["logits"] = expected["logits"] + torch.tensor([0, 0, 1.0, 0, 0, 0])
+    files["selftest/outputs.safetensors"] = safetensors.torch.save(expected)
+    del files["manifest.json"], manifest["files"]
+    resigned = write_archive(tmp_path / "resigned.aotpack", manifest, files)  # checksums consistent
+    result = aotpack("verify", resigned)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "self-test failed: output 0: 1 elements off, max abs error 1 (tolerance 0.0001 + 0.0001*|eager|)")

@@ -21,6 +21,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: aotpack-run ARCHIVE INPUT.npy... [--output OUT.npz] [--bench N] [--warmup W]\n"
     "                   [--device-limit C]\n"
+    "       aotpack-run ARCHIVE --check\n"
     "\n"
     "Load a .aotpack archive, run it once on the given .npy inputs (manifest order) and\n"
     "print each output's name, dtype, shape and first values.\n"
@@ -32,6 +33,8 @@ constexpr char kUsage[] =
     "                       load_ms=<ms>\n"
     "                       latency_us median=<us> p10=<us> p90=<us> runs=<N>\n"
     "  --warmup W         warm-up runs before timing (default 10)\n"
+    "  --check            only load the archive (checksums, torch version, CPU features,\n"
+    "                     model.so) and print 'ok: NAME VERSION'\n"
     "  --device-limit C   cores the model may use: fused kernels and ATen threads\n"
     "                     (default 0: the build-time limit for kernels, all for ATen)\n"
     "  -h, --help         show this help\n";
@@ -48,6 +51,7 @@ struct Options {
   int64_t warmup_runs = 10;
   int32_t device_limit = 0;
   bool help = false;
+  bool check = false;
 };
 
 int64_t parse_count(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
@@ -81,6 +85,8 @@ Options parse_args(int argc, char** argv) {
     std::string value;
     if (arg == "-h" || arg == "--help") {
       opt.help = true;
+    } else if (arg == "--check") {
+      opt.check = true;
     } else if (take_value("--output", argc, argv, &i, &value)) {
       if (value.empty()) throw UsageError("--output needs a file name");
       opt.output = value;
@@ -261,6 +267,10 @@ int run_tool(const Options& opt) {
   const auto start = std::chrono::steady_clock::now();
   aotpack::Model model = aotpack::Model::load(opt.archive, opt.device_limit);
   const double load_ms = elapsed_us(start) / 1000.0;
+  if (opt.check) {
+    std::printf("ok: %s %s (loaded in %.1f ms)\n", model.name().c_str(), model.version().c_str(), load_ms);
+    return 0;
+  }
   const std::vector<at::Tensor> inputs = load_inputs(opt, model);
   std::vector<at::Tensor> outputs;
   if (opt.bench_runs > 0) {

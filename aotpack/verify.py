@@ -1,0 +1,70 @@
+"""``aotpack verify``: can this machine trust and run this archive?
+
+Three checks, each printed as one line:
+
+1. files: every entry's size and sha256 against the manifest (Python side);
+2. load: the native runtime opens it as a deployment would (checksums again, torch
+   version, CPU features of the target ISA, model.so and every kernel's wrapper);
+3. self-test, when the archive was built with ``--selftest``: the native runtime runs
+   the stored example inputs and its outputs are compared with the stored eager
+   outputs (``aotpack.parity`` tolerances).
+"""
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+import safetensors.torch
+
+from aotpack import parity
+from aotpack.errors import AotpackError
+from aotpack.package import read_manifest, read_members, verify_files
+from aotpack.runtime import find_runtime, run_tensors
+
+SELFTEST_INPUTS = "selftest/inputs.safetensors"
+SELFTEST_OUTPUTS = "selftest/outputs.safetensors"
+
+
+def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
+    """Archive entries holding the example inputs and eager outputs (contiguous copies)."""
+    return {
+        SELFTEST_INPUTS: safetensors.torch.save(
+            {f"input_{i}": t.detach().contiguous().clone() for i, t in enumerate(inputs)}),
+        SELFTEST_OUTPUTS: safetensors.torch.save(
+            {name: t.detach().contiguous().clone() for name, t in zip(output_names, outputs)}),
+    }
+
+
+def verify(archive: str | Path) -> list[str]:
+    """Run the checks; returns report lines.
+
+    Raises:
+        AotpackError: the first failed check, with the lines of the passed ones before it.
+    """
+    archive = Path(archive)
+    lines = []
+    problems = verify_files(archive)
+    if problems:
+        raise AotpackError(f"{archive}: files: " + "; ".join(problems))
+    manifest = read_manifest(archive)
+    lines.append(f"files: {len(manifest['files'])} entries match their sha256")
+    check = subprocess.run([str(find_runtime()), str(archive), "--check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise AotpackError("\n".join(lines + [check.stderr.strip().removeprefix("aotpack-run: error: ")]))
+    lines.append(f"load: {check.stdout.strip()}")
+    if "selftest" not in manifest:
+        lines.append("self-test: none stored (build with --selftest to include one)")
+        return lines
+    members = read_members(archive)
+    inputs = list(safetensors.torch.load(members[SELFTEST_INPUTS]).values())
+    expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])
+    with tempfile.TemporaryDirectory(prefix="aotpack-verify-") as work:
+        outputs, _ = run_tensors(archive, inputs, work)
+    names = [o["name"] for o in manifest["outputs"]]
+    result = parity.compare(outputs, [expected[n] for n in names])
+    if not result.ok:
+        raise AotpackError("\n".join(lines + ["self-test failed: " + "; ".join(result.problems)]))
+    lines.append(f"self-test: {len(names)} outputs match eager PyTorch (max abs error "
+                 f"{result.max_abs_error:.3g})")
+    return lines
