@@ -30,6 +30,8 @@ log = logging.getLogger("aotpack")
 
 #: A lazy chain longer than this gets a buffer, to bound kernel size and compile time.
 MAX_FUSED_OPS = 48
+#: Inner loops shorter than this vectorise poorly: try merging outer dimensions in.
+NARROW_INNER = 64
 
 
 def _meta(node) -> Any:
@@ -272,29 +274,35 @@ class Lowerer:
                 self.realize(need.reduction)
         kernel.body = body
         kernel.has_reduction = body.has_reduction
-        if body.inner_divisors and not body.has_reduction:
-            self._refine_domain(kernel)
+        if not body.has_reduction and (body.inner_divisors or kernel.inner_size < NARROW_INNER):
+            self._choose_domain(kernel)
         value.realized = buf
         self.kernels.append(kernel)
         self.steps.append(KernelCall(kernel))
         return buf
 
     @staticmethod
-    def _refine_domain(kernel: FusedKernel) -> None:
-        """Split the inner dimension when loads index it as ``j // d`` and ``j % d``.
+    def _choose_domain(kernel: FusedKernel) -> None:
+        """Reshape a pointwise kernel's iteration domain when that makes loads affine in j.
 
-        A reshape (e.g. merging attention heads back) leaves div/mod on ``j`` in the
-        inner loop, which blocks vectorisation; iterating ``(N/d, d)`` instead makes every
-        index affine again. The output is contiguous, so any such refinement is exact.
+        The output is contiguous, so any row-major refinement of its shape is exact:
+        * a narrow inner dimension merges with the dimensions before it while every load
+          stays affine ((1M, 3) becomes one long vectorisable loop);
+        * an inner dimension read as ``j // d`` and ``j % d`` (a reshape merging heads
+          back) splits into ``(N/d, d)``, so the inner loop carries no div/mod.
         """
-        for d in kernel.body.inner_divisors:
-            if d >= kernel.inner_size or kernel.inner_size % d:
-                continue
+        shape = kernel.outer_shape + (kernel.inner_size,)
+        trials = []
+        if kernel.inner_size < NARROW_INNER:
+            trials += [(shape[:k], math.prod(shape[k:])) for k in range(len(shape) - 2, -1, -1)]
+        trials += [(kernel.outer_shape + (kernel.inner_size // d,), d) for d in kernel.body.inner_divisors
+                   if d < kernel.inner_size and kernel.inner_size % d == 0]
+        for outer, inner in trials:
             trial = FusedKernel(kernel.name, kernel.base_name, kernel.outputs, kernel.values,
-                                kernel.outer_shape + (kernel.inner_size // d,), d, False)
+                                tuple(outer), inner, False)
             body = build_body(trial)
-            if not body.inner_divisors:
-                kernel.outer_shape, kernel.inner_size, kernel.body = trial.outer_shape, d, body
+            if not body.inner_divisors and body.strided_inner <= kernel.body.strided_inner:
+                kernel.outer_shape, kernel.inner_size, kernel.body = trial.outer_shape, inner, body
                 kernel.inputs = trial.inputs
                 return
 

@@ -69,3 +69,12 @@ def test_control_flow_is_a_clear_error(tmp_path, cache_dir):
 def test_views_of_computed_values(build_model, tmp_path):
     result = build_model(MODELS / "lazy_views.py")
     assert_native_parity(result.archive, MODELS / "lazy_views.py", tmp_path)
+
+
+def test_narrow_inner_dimension_merges_into_one_loop(build_model, tmp_path):
+    from aotpack.package import read_members
+    result = build_model(MODELS / "narrow_rows.py")
+    assert_native_parity(result.archive, MODELS / "narrow_rows.py", tmp_path)
+    sources = {p: d.decode() for p, d in read_members(result.archive).items() if p.endswith("kernel.cpp")}
+    merged = [s for p, s in sources.items() if "/fused_sigmoid" in p]
+    assert len(merged) == 1 and "j < 4096" not in merged[0] and "item < 15" in merged[0]
