@@ -17,7 +17,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import ops, views
+from aotpack import extern, ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     C_TYPES, Buffer, CopyBack, ExternArg, ExternCall, FusedKernel, Graph, Index, KernelCall,
@@ -533,22 +533,13 @@ class Lowerer:
 
     # ------------------------------------------------------------------ extern
     def _extern(self, node) -> Any:
+        """An ATen call with every schema argument; its results become buffers."""
         op = node.target
         if not isinstance(op, torch._ops.OpOverload):
             raise AotpackError(f"unsupported construct: call to {op} in node '{node.name}' is not an "
                                "ATen operator; export the model so it uses torch operators only")
-        schema = op._schema
-        args = []
-        for position, argument in enumerate(schema.arguments):
-            if position < len(node.args) and not argument.kwarg_only:
-                value = node.args[position]
-            elif argument.name in node.kwargs:
-                value = node.kwargs[argument.name]
-            elif argument.has_default_value():
-                value = argument.default_value
-            else:
-                raise AotpackError(f"node '{node.name}' ({op}) lacks argument '{argument.name}'")
-            args.append(self._extern_arg(node, argument, value))
+        args = [extern.argument(node, argument, value, self._operand, self._strided)
+                for argument, value in extern.schema_values(node)]
         val = _meta(node)
         outs = val if isinstance(val, (list, tuple)) else ([] if val is None else [val])
         buffers = []
@@ -563,49 +554,6 @@ class Lowerer:
             buffers.append(Buffer(f"buf{self.counter}", tuple(t.shape), tuple(t.stride()), t.dtype, "extern"))
         self.steps.append(ExternCall(op, args, buffers))
         return buffers if isinstance(val, (list, tuple)) else buffers[0]
-
-    def _extern_arg(self, node, argument, value) -> ExternArg:
-        type_ = argument.type
-        if isinstance(type_, torch._C.OptionalType):
-            if value is None:
-                return ExternArg("none", None)
-            type_ = type_.getElementType()
-        text = str(type_)
-        if hasattr(value, "op"):
-            value = self.env[value]
-        if isinstance(value, (list, tuple)) and text.startswith(("List[Tensor]", "List[Optional[Tensor]]")):
-            items = [None if v is None else self._strided(self.env[v] if hasattr(v, "op") else v)
-                     for v in value]
-            return ExternArg("tensor_list", items)
-        if isinstance(value, Value):
-            return ExternArg("tensor", self._strided(value))
-        if isinstance(value, torch.dtype):
-            return ExternArg("scalar_type", value)
-        if isinstance(value, torch.layout):
-            return ExternArg("layout", value)
-        if isinstance(value, torch.device):
-            return ExternArg("device", str(value))
-        if isinstance(value, torch.memory_format):
-            return ExternArg("memory_format", value)
-        if isinstance(value, str):
-            return ExternArg("string", value)
-        if isinstance(value, bool):
-            return ExternArg("bool", value)
-        if isinstance(value, int):
-            return ExternArg("int", value)
-        if isinstance(value, float):
-            return ExternArg("double", value)
-        if isinstance(value, (list, tuple)):
-            if all(isinstance(v, bool) for v in value) and "bool" in text:
-                return ExternArg("bool_list", [bool(v) for v in value])
-            if all(isinstance(v, int) for v in value):
-                return ExternArg("int_list", [int(v) for v in value])
-            if all(isinstance(v, (int, float)) for v in value):
-                return ExternArg("double_list", [float(v) for v in value])
-        if value is None:
-            return ExternArg("none", None)
-        raise AotpackError(f"unsupported argument {argument.name}={value!r} of {node.target} "
-                           f"in node '{node.name}'")
 
 
 def lower(ep: ExportedProgram) -> Graph:
