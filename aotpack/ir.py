@@ -28,11 +28,11 @@ import torch
 class Index:
     """An integer index expression: ``sum(coef * atom) + const``, all non-negative.
 
-    ``terms`` holds ``(atom, coef, extent)``: an atom is a loop variable (``i0``, ``j``)
-    or, when a floordiv/modulo cannot be simplified away, that C sub-expression
-    (``((i0) / 4)``), with ``extent`` its exclusive upper bound. Keeping such atoms as
-    terms keeps every index affine, so strides stay visible (e.g. to spot transposing
-    access) and later floordiv/modulo can still simplify.
+    ``terms`` holds ``(atom, coef, extent)``: an atom is a loop variable name (``i0``,
+    ``j``) or, when a floordiv/modulo cannot be simplified away, an ``Atom`` for that
+    sub-expression (``((i0) / 4)``), with ``extent`` its exclusive upper bound. Keeping
+    such atoms as terms keeps every index affine, so strides stay visible (e.g. to spot
+    transposing access) and later floordiv/modulo can still simplify.
     """
 
     terms: tuple = ()
@@ -57,8 +57,16 @@ class Index:
         """Coefficient of ``atom`` (e.g. the stride along loop variable ``j``)."""
         return sum(c for name, c, _ in self.terms if name == atom)
 
-    def atoms(self) -> list[str]:
-        return [name for name, _, _ in self.terms]
+    def divisions(self) -> list["Atom"]:
+        """The div/mod atoms among the terms."""
+        return [name for name, _, _ in self.terms if isinstance(name, Atom)]
+
+    def variables(self) -> set[str]:
+        """Loop variables this index depends on, also through div/mod atoms."""
+        found = set()
+        for name, _, _ in self.terms:
+            found |= name.operand.variables() if isinstance(name, Atom) else {name}
+        return found
 
     def __add__(self, other: "Index | int") -> "Index":
         other = other if isinstance(other, Index) else Index.constant(other)
@@ -66,7 +74,7 @@ class Index:
         for name, coef, extent in self.terms + other.terms:
             slot = merged.setdefault(name, [0, extent])
             slot[0] += coef
-        terms = tuple(sorted((n, c, e) for n, (c, e) in merged.items() if c != 0))
+        terms = tuple(sorted(((n, c, e) for n, (c, e) in merged.items() if c != 0), key=lambda t: str(t[0])))
         return _recombine(Index(terms, self.const + other.const))
 
     def scale(self, factor: int) -> "Index":
@@ -130,37 +138,45 @@ class Index:
 
     def render(self) -> str:
         """C++ expression (int64 arithmetic; '/' and '%' on non-negative values)."""
-        parts = [name if coef == 1 else f"{coef} * {name}" for name, coef, _ in self.terms]
+        parts = [str(name) if coef == 1 else f"{coef} * {name}" for name, coef, _ in self.terms]
         if self.const or not parts:
             parts.append(str(self.const))
         return " + ".join(parts)
 
 
-#: atom text -> (operand, "/" or "%", divisor), to recognise d*(E / d) + (E % d) == E
-_ATOMS: dict[str, tuple["Index", str, int]] = {}
+@dataclass(frozen=True)
+class Atom:
+    """``operand / divisor`` or ``operand % divisor`` (``op``), kept as one index term.
+
+    Identity is structural (the operand includes its variables' extents), so two atoms
+    that print alike but range differently are never confused.
+    """
+
+    operand: Index
+    op: str
+    divisor: int
+
+    def __str__(self) -> str:
+        return f"(({self.operand.render()}) {self.op} {self.divisor})"
 
 
 def _atom(operand: Index, op: str, divisor: int, extent: int) -> Index:
-    """``operand / divisor`` or ``operand % divisor`` kept as one term over ``range(extent)``."""
+    """``operand / divisor`` or ``operand % divisor`` as one term over ``range(extent)``."""
     if extent <= 1:
         return Index.constant(0)
-    text = f"(({operand.render()}) {op} {divisor})"
-    _ATOMS[text] = (operand, op, divisor)
-    return Index(((text, 1, extent),), 0)
+    return Index(((Atom(operand, op, divisor), 1, extent),), 0)
 
 
 def _recombine(index: Index) -> Index:
     """Fold ``c*d*(E / d) + c*(E % d)`` back into ``c*E`` (a split index merged again)."""
     coefs = {name: coef for name, coef, _ in index.terms}
     for name, coef, _ in index.terms:
-        found = _ATOMS.get(name)
-        if not found or found[1] != "/":
+        if not isinstance(name, Atom) or name.op != "/":
             continue
-        operand, _, divisor = found
-        partner = f"(({operand.render()}) % {divisor})"
-        if coef % divisor == 0 and coefs.get(partner) == coef // divisor:
+        partner = Atom(name.operand, "%", name.divisor)
+        if coef % name.divisor == 0 and coefs.get(partner) == coef // name.divisor:
             rest = Index(tuple(t for t in index.terms if t[0] not in (name, partner)), index.const)
-            return rest + operand.scale(coef // divisor)
+            return rest + name.operand.scale(coef // name.divisor)
     return index
 
 
@@ -230,6 +246,18 @@ class Buffer(Value):
     strides: tuple[int, ...]
     dtype: torch.dtype
     kind: str
+    #: buffers whose memory this one may share (an extern op that returns a view)
+    aliases: tuple = ()
+
+    def roots(self) -> list["Buffer"]:
+        """This buffer and every buffer it may alias, transitively."""
+        found, todo = [], [self]
+        while todo:
+            buf = todo.pop()
+            if all(buf is not f for f in found):
+                found.append(buf)
+                todo.extend(buf.aliases)
+        return found
 
     def load(self, ctx, index):
         offset = Index.constant(0)

@@ -42,7 +42,6 @@ REDUCTION_COMBINE = {
     "min": "{acc} = {acc} < {v} ? {acc} : {v};",
 }
 _TOKEN = re.compile(r"[A-Za-z_]\w*")
-_J_DIVISOR = re.compile(r"\(\(j\) [/%] (\d+)\)")
 
 
 def _accumulator(kind: str, dtype) -> tuple[str, str]:
@@ -122,10 +121,12 @@ class KernelContext:
     def load(self, buffer: Buffer, offset: Index) -> str:
         if offset.coefficient("j") not in (0, 1):
             self.strided_inner = True
-        for atom in offset.atoms():
-            if atom != "j" and "j" in _TOKEN.findall(atom):
+        j = Index.var("j", self.kernel.inner_size)
+        for atom in offset.divisions():
+            if "j" in atom.operand.variables():
                 self.strided_inner = True
-                self.inner_divisors.update(int(d) for d in _J_DIVISOR.findall(atom))
+                if atom.operand == j:
+                    self.inner_divisors.add(atom.divisor)
         return self.emit(C_TYPES[buffer.dtype], f"{self.arg_name(buffer)}[{offset.render()}]")
 
     def reduction(self, red: Reduction, outer: list[Index]) -> str:

@@ -125,8 +125,8 @@ class Lowerer:
             found = self._strided(value)
             # a copy, not a view, of a tensor written back below, or of a weight: the
             # caller may modify its outputs, and must not change the model by doing so
-            if id(found[0]) in written or found[0].kind == "constant":
-                found = self._strided(self.realize(self._copy_of(StridedView(*found))))
+            if any(id(root) in written or root.kind == "constant" for root in found[0].roots()):
+                found = self._fresh_copy(found)
             parts.append(found)
         results, mutated = [], {"constant": [], "input": []}
         for spec, found in zip(specs, parts):
@@ -140,10 +140,20 @@ class Lowerer:
                 raise AotpackError(f"unsupported output kind {spec.kind.name}")
         return results, mutated
 
-    @staticmethod
-    def _copy_of(value: Value) -> Pointwise:
-        return Pointwise(tuple(value.shape), value.dtype, lambda ctx, index: value.load(ctx, index),
-                         op_names=("copy",))
+    def _fresh_copy(self, parts: tuple) -> tuple:
+        """A fresh contiguous copy of a view: a fused kernel, or ATen's clone for dtypes
+        the kernels do not compute in."""
+        view = StridedView(*parts)
+        if view.dtype in C_TYPES:
+            copy = Pointwise(tuple(view.shape), view.dtype, lambda ctx, index: view.load(ctx, index),
+                             op_names=("copy",))
+            return self._strided(self.realize(copy))
+        self.counter += 1
+        buf = Buffer(f"buf{self.counter}", view.shape, contiguous_strides(view.shape), view.dtype, "extern")
+        self.steps.append(ExternCall(torch.ops.aten.clone.default,
+                                     [ExternArg("tensor", parts), ExternArg("memory_format", torch.contiguous_format)],
+                                     [buf]))
+        return buf, buf.shape, buf.strides, 0
 
     def _target_buffer(self, spec) -> Buffer:
         for buf in self.constants + self.inputs:
@@ -190,6 +200,8 @@ class Lowerer:
             source_dtype = _meta(node.args[0]).dtype
             if op is torch.ops.aten.bitwise_not.default and source_dtype == torch.bool:
                 formula = "!{0}"  # ~true is -2, which is true again as a bool
+            if op in ops.ROUNDING and not source_dtype.is_floating_point:
+                formula = "{0}"  # integers are already whole (a double round trip loses bits)
             # predicates (isnan, logical_not) test the input, not its cast to bool
             predicate = _meta(node).dtype == torch.bool and source_dtype != torch.bool
             return self._pointwise(node, [node.args[0]], formula, expensive, compare=predicate)
@@ -198,6 +210,10 @@ class Lowerer:
             alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
             if alpha != 1 and op in (torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor):
                 formula = ops.BINARY[op].replace("{1}", f"({{1}} * {_literal(alpha, '{t}')})")
+            elif op is torch.ops.aten.pow.Tensor_Scalar and b in ops.POW_SPECIAL:
+                return self._pointwise(node, [a], ops.POW_SPECIAL[b], False)
+            elif op is torch.ops.aten.fmod.Tensor and not _meta(node).dtype.is_floating_point:
+                formula = "({1} == 0 ? {0} - {0} : {0} % {1})"  # C++ % truncates, like fmod
             else:
                 formula = ops.BINARY[op]
             return self._pointwise(node, [a, b], formula, op in ops.EXPENSIVE_BINARY,
@@ -326,16 +342,17 @@ class Lowerer:
         return self.env[arg] if hasattr(arg, "op") else arg
 
     def _compute_dtype(self, node, operands, compare: bool) -> torch.dtype:
+        """The op's output dtype, or for comparisons the dtype torch compares in
+        (``torch.result_type``: 0-d tensors and Python scalars promote weakly)."""
         out = _meta(node).dtype
         if not compare:
             return out
-        tensors = [v.dtype for v in operands if isinstance(v, Value)]
-        dtype = tensors[0]
-        for other in tensors[1:]:
-            dtype = torch.promote_types(dtype, other)
-        if any(isinstance(v, float) for v in operands) and not dtype.is_floating_point:
-            dtype = torch.get_default_dtype()
-        return dtype
+        probes = [torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, Value) else v
+                  for v in operands]
+        if len(probes) == 1:
+            return probes[0].dtype
+        a, b = probes
+        return torch.result_type(b, a) if not isinstance(a, torch.Tensor) else torch.result_type(a, b)
 
     def _pointwise(self, node, args, formula: str, expensive: bool, compare=False, where=False):
         operands = [self._operand(a) for a in args]
@@ -542,6 +559,10 @@ class Lowerer:
                 for argument, value in extern.schema_values(node)]
         val = _meta(node)
         outs = val if isinstance(val, (list, tuple)) else ([] if val is None else [val])
+        # ops returning views (diagonal, unfold, ...) share their inputs' memory
+        views = any(r.alias_info is not None for r in op._schema.returns)
+        inputs = tuple(p[0] for a in args if a.kind in ("tensor", "tensor_list")
+                       for p in (a.value if a.kind == "tensor_list" else [a.value]) if p is not None)
         buffers = []
         for t in outs:
             if t is None:
@@ -551,7 +572,8 @@ class Lowerer:
                 raise AotpackError(f"unsupported construct: {op} in node '{node.name}' returns a "
                                    f"{type(t).__name__}, not tensors (data-dependent values are not supported)")
             self.counter += 1
-            buffers.append(Buffer(f"buf{self.counter}", tuple(t.shape), tuple(t.stride()), t.dtype, "extern"))
+            buffers.append(Buffer(f"buf{self.counter}", tuple(t.shape), tuple(t.stride()), t.dtype, "extern",
+                                  aliases=inputs if views else ()))
         self.steps.append(ExternCall(op, args, buffers))
         return buffers if isinstance(val, (list, tuple)) else buffers[0]
 

@@ -42,6 +42,17 @@ UNARY = {
     aten.silu.default: ("({0} * ap_sigmoid({0}))", True),
 }
 
+#: Rounding ops: identity on integer inputs.
+ROUNDING = {aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default}
+
+#: pow(x, scalar) exponents ATen computes without pow() (pow_tensor_scalar_optimized);
+#: the same formulas give the same NaN/inf/-0 results.
+POW_SPECIAL = {
+    0.5: "std::sqrt({0})", -0.5: "ap_rsqrt({0})", 2: "({0} * {0})", 2.0: "({0} * {0})",
+    3: "({0} * {0} * {0})", 3.0: "({0} * {0} * {0})", -1: "ap_reciprocal({0})", -1.0: "ap_reciprocal({0})",
+    -2: "ap_reciprocal({0} * {0})", -2.0: "ap_reciprocal({0} * {0})",
+}
+
 BINARY = {
     aten.add.Tensor: "({0} + {1})",
     aten.sub.Tensor: "({0} - {1})",

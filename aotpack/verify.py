@@ -57,7 +57,8 @@ def verify(archive: str | Path) -> list[str]:
         lines.append("self-test: none stored (build with --selftest to include one)")
         return lines
     members = read_members(archive)
-    inputs = list(safetensors.torch.load(members[SELFTEST_INPUTS]).values())
+    stored = safetensors.torch.load(members[SELFTEST_INPUTS])  # a dict: order by name
+    inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
     expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])
     with tempfile.TemporaryDirectory(prefix="aotpack-verify-") as work:
         outputs, _ = run_tensors(archive, inputs, work)
