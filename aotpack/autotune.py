@@ -1,9 +1,10 @@
 """Stage: run the lowered graph once in Python mode and autotune (PGO) its kernels.
 
 The run executes extern calls with torch and fused kernels through their
-``wrapper.so`` (ctypes), on copies of the user's real inputs. The first time a kernel
-with several candidates is reached, every candidate is timed on the very tensors it
-receives there (warm-up, interleaved rounds, median), the fastest is written to
+``wrapper.so`` (ctypes), on copies of the user's real inputs (the example inputs, then
+any ``calibration_inputs()`` sets). Where a kernel with several candidates is reached,
+every candidate is timed on the very tensors it receives there (warm-up, interleaved
+rounds, median); the candidate fastest on average over the sets is written to
 ``optimize_tiling`` and the others are released. Kernels the run never reaches are
 *unvisited* and use candidate 0. With one candidate, it goes straight to
 ``optimize_tiling`` without timing.
@@ -85,10 +86,11 @@ def _time_candidates(wrapper: LoadedWrapper, args) -> tuple[list[float], list[fl
     return medians, spreads
 
 
-def autotune_kernel(wrapper: LoadedWrapper, args) -> None:
-    """Time every candidate on ``args``, keep the fastest (optimize_tiling), release the rest."""
+def _choose(wrapper: LoadedWrapper, samples: list[tuple[list[float], list[float]]]) -> None:
+    """Keep the candidate fastest over every input set (optimize_tiling), release the rest."""
     art = wrapper.art
-    timings, spreads = _time_candidates(wrapper, args)
+    timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(art.candidates))]
+    spreads = [max(s[1][i] for s in samples) for i in range(len(art.candidates))]
     for index, (tiling, us) in enumerate(zip(art.candidates, timings)):
         log.info("%s candidate %d (%s): Timing %.2f us", art.kernel.name, index, tiling.repr, us)
     best = min(range(len(timings)), key=timings.__getitem__)
@@ -137,53 +139,83 @@ def _extern_args(env, call: ExternCall):
     return args, kwargs
 
 
-def run_python_mode(graph: Graph, arts: dict[int, KernelArtifacts], inputs: tuple) -> list[torch.Tensor]:
-    """Execute ``graph`` on ``inputs``, autotuning each kernel the first time it runs.
+class PythonModeRun:
+    """Runs the lowered graph on real inputs, autotuning kernels as it reaches them.
+
+    Each input set (the example inputs, then any calibration sets) runs the whole
+    graph; a kernel that still needs a choice times every candidate on the tensors it
+    receives in each set, and executes with candidate 0 meanwhile (all candidates
+    compute the same values). ``finish`` then picks, per kernel, the candidate with the
+    lowest mean time over the sets.
+    """
+
+    def __init__(self, graph: Graph, arts: dict[int, KernelArtifacts]):
+        self.graph = graph
+        self.arts = arts
+        self.wrappers: dict[int, LoadedWrapper] = {}
+        self.samples: dict[int, list] = {}
+
+    def run(self, inputs: tuple) -> list[torch.Tensor]:
+        """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
+        env: dict[int, torch.Tensor] = {}
+        for buf, tensor in zip(self.graph.inputs, inputs):
+            env[id(buf)] = _conform(tensor.detach().clone(), buf)
+        for buf in self.graph.constants:
+            env[id(buf)] = self.graph.constant_tensors[buf.name].clone()
+        for step in self.graph.steps:
+            if isinstance(step, KernelCall):
+                self._kernel(step, env)
+            elif isinstance(step, ExternCall):
+                args, kwargs = _extern_args(env, step)
+                result = step.op(*args, **kwargs)
+                results = result if isinstance(result, (list, tuple)) else [result]
+                for buf, tensor in zip(step.outputs, results):
+                    if buf is not None:
+                        env[id(buf)] = _conform(tensor, buf)
+            elif isinstance(step, CopyBack):
+                env[id(step.target)].copy_(_view(env, (step.source.base, step.source.shape,
+                                                       step.source.strides, step.source.offset)))
+        return [_view(env, parts) for parts in self.graph.outputs]
+
+    def _kernel(self, step: KernelCall, env) -> None:
+        art = self.arts[id(step.kernel)]
+        for buf in step.kernel.outputs:
+            env[id(buf)] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
+        tensors = [env[id(b)] for b in step.kernel.inputs + step.kernel.outputs]
+        args = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+        wrapper = self.wrappers.get(id(art))
+        if wrapper is None:
+            wrapper = self.wrappers[id(art)] = LoadedWrapper(art)
+            art.visited = True
+        if art.needs_autotune():
+            self.samples.setdefault(id(art), []).append(_time_candidates(wrapper, args))
+            wrapper.launch(art.candidates[0].kernel_key, args)
+            return
+        if art.winner is None:  # one candidate: straight to optimize_tiling, no profiling
+            save_winner(art, art.candidates[0])
+        wrapper.launch(art.winner.kernel_key, args)
+
+    def finish(self) -> None:
+        """Choose and record the winner of every kernel that was timed."""
+        for art_id, samples in self.samples.items():
+            wrapper = self.wrappers[art_id]
+            _choose(wrapper, samples)
+        self.samples.clear()
+
+
+def run_python_mode(graph: Graph, arts: dict[int, KernelArtifacts], input_sets: list[tuple]) -> list[torch.Tensor]:
+    """Run ``graph`` on every input set, autotune its kernels, return the first set's outputs.
 
     Args:
         arts: ``id(FusedKernel) -> KernelArtifacts``.
-        inputs: the user's real inputs; cloned first, never modified.
-
-    Returns:
-        The graph outputs (for the build's parity check against eager).
+        input_sets: the example inputs first, then calibration sets (same shapes).
     """
-    env: dict[int, torch.Tensor] = {}
-    for buf, tensor in zip(graph.inputs, inputs):
-        env[id(buf)] = _conform(tensor.detach().clone(), buf)
-    for buf in graph.constants:
-        env[id(buf)] = graph.constant_tensors[buf.name].clone()
-    wrappers: dict[int, LoadedWrapper] = {}
-    for step in graph.steps:
-        if isinstance(step, KernelCall):
-            _run_kernel(step, env, arts[id(step.kernel)], wrappers)
-        elif isinstance(step, ExternCall):
-            args, kwargs = _extern_args(env, step)
-            result = step.op(*args, **kwargs)
-            results = result if isinstance(result, (list, tuple)) else [result]
-            for buf, tensor in zip(step.outputs, results):
-                if buf is not None:
-                    env[id(buf)] = _conform(tensor, buf)
-        elif isinstance(step, CopyBack):
-            env[id(step.target)].copy_(_view(env, (step.source.base, step.source.shape,
-                                                   step.source.strides, step.source.offset)))
-    return [_view(env, parts) for parts in graph.outputs]
-
-
-def _run_kernel(step: KernelCall, env, art: KernelArtifacts, wrappers) -> None:
-    kernel = step.kernel
-    for buf in kernel.outputs:
-        env[id(buf)] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
-    tensors = [env[id(b)] for b in kernel.inputs] + [env[id(b)] for b in kernel.outputs]
-    args = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-    wrapper = wrappers.get(id(kernel))
-    if wrapper is None:
-        wrapper = wrappers[id(kernel)] = LoadedWrapper(art)
-        art.visited = True
-        if art.needs_autotune():
-            autotune_kernel(wrapper, args)
-        elif art.winner is None:
-            save_winner(art, art.candidates[0])
-    wrapper.launch(art.winner.kernel_key, args)
+    runner = PythonModeRun(graph, arts)
+    outputs = runner.run(input_sets[0])
+    for inputs in input_sets[1:]:
+        runner.run(inputs)
+    runner.finish()
+    return outputs
 
 
 def finish_unvisited(arts: list[KernelArtifacts]) -> None:

@@ -148,7 +148,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                                              settings.retune)
         seconds["compile_kernels"] = time.perf_counter() - tic
         tic = time.perf_counter()
-        outputs = autotune.run_python_mode(graph, art_of, model_file.example_inputs)
+        outputs = autotune.run_python_mode(graph, art_of,
+                                           [model_file.example_inputs, *model_file.calibration_inputs])
         autotune.finish_unvisited(arts)
         seconds["autotune"] = time.perf_counter() - tic
     finally:

@@ -2,7 +2,8 @@
 
 Model file contract: ``model() -> torch.nn.Module`` and ``example_inputs() ->
 tuple[Tensor, ...]`` (the real inputs the kernels are tuned on); optional
-``__version__ = "X.Y.Z"``.
+``calibration_inputs() -> Iterable[tuple]`` (more real input sets, same shapes and
+dtypes, timed too) and ``__version__ = "X.Y.Z"``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import re
 import sys
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ class ModelFile:
     module: torch.nn.Module
     example_inputs: tuple
     version: str | None
+    calibration_inputs: list = field(default_factory=list)
 
 
 def _fail(path: Path, problem: str) -> AotpackError:
@@ -100,7 +102,35 @@ def load_model_file(path: str | Path) -> ModelFile:
     if not isinstance(inputs, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in inputs):
         raise _fail(path, "example_inputs() must return a tuple of tensors")
     version = getattr(module, "__version__", None)
-    return ModelFile(path, net, tuple(inputs), version)
+    return ModelFile(path, net, tuple(inputs), version, _calibration_sets(module, path, tuple(inputs)))
+
+
+def _calibration_sets(module, path: Path, example: tuple) -> list[tuple]:
+    """The optional ``calibration_inputs()`` sets, checked against the example inputs.
+
+    Raises:
+        AotpackError: it raises, or a set differs in count, dtype or shape (static shapes).
+    """
+    function = getattr(module, "calibration_inputs", None)
+    if function is None:
+        return []
+    try:
+        sets = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in function()]
+    except Exception as exc:
+        raise _fail(path, f"calibration_inputs() raised{_user_frame(exc, path)}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    want = [(t.dtype, tuple(t.shape)) for t in example]
+    for number, inputs in enumerate(sets):
+        got = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t).__name__, ())
+               for t in inputs]
+        if got != want:
+            raise _fail(path, f"calibration_inputs() set {number} is {_describe(got)}, but example_inputs() "
+                              f"is {_describe(want)}; shapes are static, so every set must match")
+    return sets
+
+
+def _describe(signature) -> str:
+    return "(" + ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for d, s in signature) + ")"
 
 
 def check_version(version: str) -> str:

@@ -78,3 +78,28 @@ def test_narrow_inner_dimension_merges_into_one_loop(build_model, tmp_path):
     sources = {p: d.decode() for p, d in read_members(result.archive).items() if p.endswith("kernel.cpp")}
     merged = [s for p, s in sources.items() if "/fused_sigmoid" in p]
     assert len(merged) == 1 and "j < 4096" not in merged[0] and "item < 15" in merged[0]
+
+
+def test_calibration_sets_are_timed_too(build_model, tmp_path, caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="aotpack"):
+        result = build_model(MODELS / "calibrated.py", topn=2)
+    manifest = read_manifest(result.archive)
+    (kernel,) = manifest["kernels"]
+    assert kernel["candidates"] == 2 and len(kernel["timings_us"]) == 2
+    assert caplog.text.count("Autotune completed") == 1  # one choice over all three sets
+    assert_native_parity(result.archive, MODELS / "calibrated.py", tmp_path)
+
+
+def test_calibration_set_with_another_shape_is_rejected(tmp_path, cache_dir):
+    import pytest
+    from aotpack.build import build
+    from aotpack.config import Settings
+    from aotpack.errors import AotpackError
+    path = tmp_path / "bad_calibration.py"
+    path.write_text((MODELS / "calibrated.py").read_text().replace(
+        "torch.randn(64, 128, generator=g)", "torch.randn(32, 128, generator=g)"))
+    with pytest.raises(AotpackError) as err:
+        build(path, tmp_path / "out", settings=Settings.from_env(cache_dir=cache_dir))
+    assert str(err.value) == (f"{path}: calibration_inputs() set 0 is (float32[32, 128]), but "
+                              "example_inputs() is (float32[64, 128]); shapes are static, so every set must match")
