@@ -20,7 +20,7 @@ import torch
 
 from aotpack.compile import KernelArtifacts, save_winner
 from aotpack.errors import AotpackError
-from aotpack.ir import Buffer, CopyBack, ExternCall, Graph, KernelCall, StridedView
+from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall, StridedView
 
 log = logging.getLogger("aotpack")
 
@@ -162,7 +162,11 @@ class PythonModeRun:
             env[id(buf)] = _conform(tensor.detach().clone(), buf)
         for buf in self.graph.constants:
             env[id(buf)] = self.graph.constant_tensors[buf.name].clone()
-        for step in self.graph.steps:
+        self._execute(self.graph.steps, env)
+        return [_view(env, parts) for parts in self.graph.outputs]
+
+    def _execute(self, steps: list, env) -> None:
+        for step in steps:
             if isinstance(step, KernelCall):
                 self._kernel(step, env)
             elif isinstance(step, ExternCall):
@@ -175,7 +179,11 @@ class PythonModeRun:
             elif isinstance(step, CopyBack):
                 env[id(step.target)].copy_(_view(env, (step.source.base, step.source.shape,
                                                        step.source.strides, step.source.offset)))
-        return [_view(env, parts) for parts in self.graph.outputs]
+            elif isinstance(step, CondStep):
+                for buf in step.results:
+                    env[id(buf)] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
+                taken = bool(_view(env, step.pred).item())
+                self._execute(step.true_steps if taken else step.false_steps, env)
 
     def _kernel(self, step: KernelCall, env) -> None:
         art = self.arts[id(step.kernel)]

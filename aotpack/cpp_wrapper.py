@@ -16,7 +16,7 @@ import torch
 
 from aotpack.compile import CXX, compile_so, write_atomic
 from aotpack.errors import AotpackError
-from aotpack.ir import Buffer, CopyBack, ExternCall, Graph, KernelCall
+from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 from aotpack.render import include_dir, render
 
 log = logging.getLogger("aotpack")
@@ -104,14 +104,7 @@ class RunEmitter:
             self.lines.append(f"Tensor c{i}(m.constants[{i}], false);")
         last_use = self._last_uses()
         for index, step in enumerate(self.graph.steps):
-            self.lines.append("{")
-            if isinstance(step, KernelCall):
-                self._kernel(step)
-            elif isinstance(step, ExternCall):
-                self._extern(step)
-            elif isinstance(step, CopyBack):
-                self._copy_back(step)
-            self.lines.append("}")
+            self._step(step)
             for buf_id in last_use.get(index, []):
                 self.lines.append(f"{self.names[buf_id]}.reset();")
         for i in range(len(self.graph.outputs)):
@@ -121,6 +114,33 @@ class RunEmitter:
             self.lines.append(f"check(g_host->as_strided({self.name(base)}.get(), {len(sizes)}, Dims{_dims(sizes)}.data(), "
                               f"Dims{_dims(strides)}.data(), {offset}, &outputs[{i}]), \"returning output {i}\");")
         return self.lines
+
+    def _step(self, step) -> None:
+        self.lines.append("{")
+        if isinstance(step, KernelCall):
+            self._kernel(step)
+        elif isinstance(step, ExternCall):
+            self._extern(step)
+        elif isinstance(step, CopyBack):
+            self._copy_back(step)
+        elif isinstance(step, CondStep):
+            self._cond(step)
+        self.lines.append("}")
+
+    def _cond(self, step: CondStep) -> None:
+        """``if (pred) {...} else {...}``; both branches fill the same result buffers."""
+        for buf in step.results:
+            self._declare(buf)
+            self.lines.append(f"b_{buf.name} = alloc({_dims(buf.shape)}, {_dims(buf.strides)}, "
+                              f"{dtype_code(buf.dtype)});")
+        pred = self.tensor_ref(step.pred)
+        self.lines.append(f"if (*static_cast<const bool*>(ptr({pred}))) {{")
+        for inner in step.true_steps:
+            self._step(inner)
+        self.lines.append("} else {")
+        for inner in step.false_steps:
+            self._step(inner)
+        self.lines.append("}")
 
     def _declare(self, buf: Buffer) -> None:
         self.names[id(buf)] = f"b_{buf.name}"
@@ -242,6 +262,9 @@ def _step_buffers(step) -> list[Buffer]:
         return found
     if isinstance(step, CopyBack):
         return [step.target, step.source.base]
+    if isinstance(step, CondStep):
+        inner = [b for s in step.true_steps + step.false_steps for b in _step_buffers(s)]
+        return [step.pred[0], *step.results, *inner]
     return []
 
 

@@ -423,10 +423,24 @@ class KernelCall:
 
 @dataclass(eq=False)
 class CopyBack:
-    """Write ``source`` into graph input/constant ``target`` (a mutation of the graph)."""
+    """Write ``source`` into ``target``: a mutated input/constant, or a branch result."""
 
     target: Buffer
     source: Buffer | StridedView
+
+
+@dataclass(eq=False)
+class CondStep:
+    """``torch.cond``: run ``true_steps`` or ``false_steps`` by the 0-d bool ``pred``.
+
+    ``results`` are allocated before the branch runs; each branch ends by copying its
+    outputs into them, so code after the cond sees one layout whichever branch ran.
+    """
+
+    pred: tuple  # (base, sizes, strides, offset)
+    results: list[Buffer]
+    true_steps: list
+    false_steps: list
 
 
 @dataclass(eq=False)

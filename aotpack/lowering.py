@@ -20,7 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from aotpack import extern, ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
-    C_TYPES, Buffer, CopyBack, ExternArg, ExternCall, FusedKernel, Graph, Index, KernelCall,
+    C_TYPES, Buffer, CondStep, CopyBack, ExternArg, ExternCall, FusedKernel, Graph, Index, KernelCall,
     Lazy, Pointwise, Reduction, StridedView, Value, as_strided_parts, contiguous_strides,
     flat_index, unflatten_index,
 )
@@ -166,10 +166,12 @@ class Lowerer:
         op = node.target
         if op is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
+        if op is torch.ops.higher_order.cond:
+            return self._cond(node)
         if isinstance(op, torch._ops.HigherOrderOperator):
             raise AotpackError(f"unsupported construct: {op.name()} (control flow) in node "
-                               f"'{node.name}'; aotpack does not lower control flow yet: compute both "
-                               "branches and pick with torch.where, or move the branch out of the model")
+                               f"'{node.name}'; aotpack lowers torch.cond but not this yet: move the "
+                               "loop out of the model or unroll it")
         if op in ops.ASSERTIONS:
             return None
         result = None
@@ -236,6 +238,41 @@ class Lowerer:
         if op is torch.ops.aten._native_batch_norm_legit_no_training.default:
             return self._batch_norm(node)
         return None
+
+    # ------------------------------------------------------------------ control flow
+    def _cond(self, node) -> list[Buffer]:
+        """Lower both branches of ``torch.cond`` into their own step lists.
+
+        The predicate and operands get buffers first, so nothing computed outside a
+        branch is recomputed (or half-computed) inside it.
+        """
+        pred_arg, true_attr, false_attr, operands = node.args[:4]
+        pred = self._strided(self._operand(pred_arg))
+        inputs = [StridedView(*self._strided(self._operand(o))) for o in operands]
+        results = []
+        for t in _meta(node):
+            self.counter += 1
+            results.append(Buffer(f"buf{self.counter}", tuple(t.shape), tuple(t.stride()), t.dtype, "cond"))
+        branches = [self._branch(self.env[attr], inputs, results) for attr in (true_attr, false_attr)]
+        self.steps.append(CondStep(pred, results, *branches))
+        return results
+
+    def _branch(self, module, inputs: list[Value], results: list[Buffer]) -> list:
+        """The steps of one branch subgraph, ending in copies into ``results``."""
+        outer_steps, self.steps = self.steps, []
+        placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+        for node, value in zip(placeholders, inputs):
+            self.env[node] = value
+        for node in module.graph.nodes:
+            if node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "get_attr":
+                self.env[node] = getattr(module, node.target)
+            elif node.op == "output":
+                for value_node, result in zip(node.args[0], results):
+                    self.steps.append(CopyBack(result, StridedView(*self._strided(self.env[value_node]))))
+        branch_steps, self.steps = self.steps, outer_steps
+        return branch_steps
 
     # ------------------------------------------------------------------ realize
     def _maybe_realize(self, node, value: Lazy) -> None:

@@ -52,18 +52,43 @@ def test_scalar_inputs_and_outputs(build_model, tmp_path):
     assert_native_parity(result.archive, MODELS / "scalar_reduce.py", tmp_path)
 
 
-def test_control_flow_is_a_clear_error(tmp_path, cache_dir):
+def test_cond_runs_either_branch_natively(build_model, tmp_path):
+    from aotpack.export import load_model_file
+    from aotpack.runtime import run_tensors
+    result = build_model(MODELS / "branchy.py", topn=2)
+    manifest = read_manifest(result.archive)
+    visited = {k["name"].rsplit("_", 1)[0]: k["visited"] for k in manifest["kernels"]}
+    assert visited["fused_cos_mul_sub"] and not visited["fused_sin"]   # example inputs: negative
+    assert [k["timings_us"] for k in manifest["kernels"] if not k["visited"]] == [[], []]
+    model_file = load_model_file(MODELS / "branchy.py")
+    module = model_file.module.eval()
+    x, y = model_file.example_inputs
+    for inputs in [(x, y), (-x, y)]:  # the untaken branch runs on the deployed side too
+        (ours,), _ = run_tensors(result.archive, inputs, tmp_path)
+        with torch.no_grad():
+            torch.testing.assert_close(ours, module(*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_other_control_flow_is_a_clear_error(tmp_path, cache_dir):
     from aotpack.build import build
     from aotpack.config import Settings
     from aotpack.errors import AotpackError
 
+    path = tmp_path / "looping.py"
+    path.write_text(
+        "import torch\n"
+        "from torch._higher_order_ops.while_loop import while_loop\n"
+        "class Loop(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, t * 2), (torch.tensor(0), x))[1]\n"
+        "def model():\n    return Loop()\n"
+        "def example_inputs():\n    return (torch.ones(3),)\n")
     with __import__("pytest").raises(AotpackError) as err:
-        build(MODELS / "with_cond.py", tmp_path, settings=Settings.from_env(cache_dir=cache_dir))
-    assert str(err.value) == (
-        f"{MODELS / 'with_cond.py'}: unsupported construct: cond (control flow) in node 'cond'; "
-        "aotpack does not lower control flow yet: compute both branches and pick with torch.where, "
-        "or move the branch out of the model")
-    assert list(tmp_path.iterdir()) == []
+        build(path, tmp_path / "out", settings=Settings.from_env(cache_dir=cache_dir))
+    assert str(err.value).startswith(f"{path}: unsupported construct: while_loop (control flow) in node ")
+    assert str(err.value).endswith("aotpack lowers torch.cond but not this yet: move the loop out of "
+                                   "the model or unroll it")
+    assert not (tmp_path / "out").exists()
 
 
 def test_views_of_computed_values(build_model, tmp_path):
