@@ -5,7 +5,8 @@ The run executes extern calls with torch and fused kernels through their
 any ``calibration_inputs()`` sets). Where a kernel with several candidates is reached,
 every candidate is timed on the very tensors it receives there (warm-up, interleaved
 rounds, median); the candidate fastest on average over the sets is written to
-``optimize_tiling`` and the others are released. Kernels the run never reaches are
+``optimize_tiling`` and the others are released. Kernels write only their own fresh
+output buffers, never their inputs, so repeated timed launches cannot compound. Kernels the run never reaches are
 *unvisited* and use candidate 0. With one candidate, it goes straight to
 ``optimize_tiling`` without timing.
 """
@@ -50,10 +51,16 @@ class LoadedWrapper:
         return (self.lib.aotpack_last_error() or b"").decode()
 
     def launch(self, key: str, args) -> None:
+        """Run candidate ``key`` on ``args`` (data pointers: inputs, then outputs).
+
+        Raises:
+            AotpackError: the key is not loaded (the wrapper's message included).
+        """
         if self.lib.aotpack_launch(key.encode(), args) != 0:
             raise AotpackError(f"kernel {self.art.kernel.name}: {self._error()}")
 
     def release(self, keep_key: str) -> None:
+        """Unload every candidate but ``keep_key``."""
         if self.lib.aotpack_release(keep_key.encode()) != 0:
             raise AotpackError(f"kernel {self.art.kernel.name}: {self._error()}")
 

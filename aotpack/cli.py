@@ -112,6 +112,8 @@ def _verify(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``aotpack`` command; returns the exit status (0 ok, 1 user error,
+    2 internal error, 130 interrupted)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")

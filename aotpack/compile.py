@@ -76,6 +76,11 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def compiler_version() -> str:
+    """First line of ``$CXX --version`` (part of every cache key).
+
+    Raises:
+        AotpackError: no working C++ compiler.
+    """
     try:
         out = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
@@ -144,14 +149,17 @@ class KernelArtifacts:
     cache_hit: bool = False
 
     def kernel_dir(self, tiling: Tiling) -> Path:
+        """``static_kernel/<kernel_key>/`` of one candidate."""
         return self.directory / "static_kernel" / tiling.kernel_key
 
     @property
     def wrapper_path(self) -> Path:
+        """The kernel's ``wrapper.so``."""
         return self.directory / "wrapper.so"
 
     @property
     def optimize_tiling_path(self) -> Path:
+        """The ``optimize_tiling`` file: ``tiling_repr|workspace|block_dim`` of the winner."""
         return self.directory / "optimize_tiling"
 
     @property
@@ -160,6 +168,7 @@ class KernelArtifacts:
         return self.directory / "timings.json"
 
     def needs_autotune(self) -> bool:
+        """No winner yet and more than one candidate to choose from."""
         return self.winner is None and len(self.candidates) > 1
 
 

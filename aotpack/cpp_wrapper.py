@@ -79,6 +79,7 @@ class RunEmitter:
         self.temp = 0
 
     def name(self, buf: Buffer) -> str:
+        """C++ variable holding ``buf``'s handle."""
         return self.names[id(buf)]
 
     def _tmp(self) -> str:
@@ -95,6 +96,7 @@ class RunEmitter:
         return tmp
 
     def emit(self) -> list[str]:
+        """Lines of ``run()``: conform inputs, the steps in order, then the outputs."""
         for i, buf in enumerate(self.graph.inputs):
             self.names[id(buf)] = f"in{i}"
             self.lines.append(f"Tensor in{i} = conform(Tensor(inputs[{i}], false), {_dims(buf.shape)}, "

@@ -225,10 +225,12 @@ class Value:
     dtype: torch.dtype
 
     def load(self, ctx, index: Sequence[Index]) -> str:  # pragma: no cover - interface
+        """Emit code reading element ``index`` into ``ctx``; return its C variable name."""
         raise NotImplementedError
 
     @property
     def numel(self) -> int:
+        """Element count."""
         return math.prod(self.shape)
 
 
@@ -418,6 +420,8 @@ class ExternCall:
 
 @dataclass(eq=False)
 class KernelCall:
+    """Launch ``kernel`` (its chosen candidate) on its input and output buffers."""
+
     kernel: FusedKernel
 
 

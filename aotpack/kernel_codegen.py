@@ -113,12 +113,14 @@ class KernelContext:
         return name
 
     def arg_name(self, buffer: Buffer) -> str:
+        """Kernel argument (``in<k>``) through which ``buffer`` is read."""
         key = id(buffer)
         if key not in self.args:
             self.args[key] = (f"in{len(self.args)}", buffer)
         return self.args[key][0]
 
     def load(self, buffer: Buffer, offset: Index) -> str:
+        """Read ``buffer[offset]`` (offset in elements); notes non-unit strides along j."""
         if offset.coefficient("j") not in (0, 1):
             self.strided_inner = True
         j = Index.var("j", self.kernel.inner_size)

@@ -67,6 +67,7 @@ class Lowerer:
 
     # ------------------------------------------------------------------ entry
     def run(self) -> Graph:
+        """Lower every node, in graph order."""
         placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
         for node, spec in zip(placeholders, self.ep.graph_signature.input_specs):
             self.env[node] = self._placeholder(node, spec)

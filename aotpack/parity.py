@@ -23,6 +23,7 @@ class Parity:
 
     @property
     def ok(self) -> bool:
+        """No problem found."""
         return not self.problems
 
 

@@ -46,6 +46,7 @@ class Tiling:
 
     @property
     def repr(self) -> str:
+        """``tiling_repr``: every knob, canonical (equal tilings give equal text)."""
         text = (f"cpu;block_dim={self.block_dim};inner_tile={self.inner_tile};"
                 f"simdlen={self.simdlen};chunk={self.chunk}")
         return text + (f";row_block={self.row_block}" if self.row_block else "")
@@ -57,6 +58,7 @@ class Tiling:
 
     @property
     def kernel_key(self) -> str:
+        """``md5(tiling_repr|workspace|block_dim)``."""
         return kernel_key(self.repr, self.workspace, self.block_dim)
 
 
