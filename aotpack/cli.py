@@ -1,4 +1,8 @@
-"""The ``aotpack`` command: build, run, inspect."""
+"""aotpack: ship a PyTorch model as a versioned archive that a C++ runtime runs.
+
+Commands: build (export, fuse, autotune, package), run (the native runtime), inspect
+(manifest and autotune report), verify (checksums, native load, stored self-test).
+"""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +18,8 @@ log = logging.getLogger("aotpack")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aotpack", description=__doc__)
+    parser = argparse.ArgumentParser(prog="aotpack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
