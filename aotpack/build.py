@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
-from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity, verify
+from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity, runtime, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model_file
@@ -87,7 +87,7 @@ def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
         files[lit.lib_kernel.replace("kernel.so", "kernel.cpp")] = (kernel_dir / "kernel.cpp").read_bytes()
         files[lit.wrapper] = art.wrapper_path.read_bytes()
         files[f"{lit.kernel_dir}/wrapper.cpp"] = (art.directory / "wrapper.cpp").read_bytes()
-        files[f"{lit.kernel_dir}/optimize_tiling"] = art.optimize_tiling_path.read_bytes()
+        files[f"{lit.kernel_dir}/optimize_tiling"] = (win.optimize_tiling + "\n").encode()
     return entries, files
 
 
@@ -102,6 +102,28 @@ def _dump_debug(debug_dir: Path, name: str, arts, model_source: str) -> None:
         compile_stage.write_atomic(folder / "wrapper.cpp", art.wrapper_source)
     compile_stage.write_atomic(root / "model.cpp", model_source)
     log.info("generated sources copied to %s", root)
+
+
+def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> None:
+    """Run the finished archive with the C++ runtime on the example inputs and compare
+    with eager: the build's last word is about model.so, not only the Python-mode run.
+
+    Raises:
+        AotpackError: the native outputs differ from eager (an aotpack bug).
+    """
+    try:
+        runtime.find_runtime()
+    except AotpackError:
+        log.warning("native runtime not built (make runtime): skipped running the archive before writing it")
+        return
+    with tempfile.TemporaryDirectory(prefix="aotpack-check-") as work:
+        outputs, _ = runtime.run_tensors(archive, model_file.example_inputs, work)
+    check = parity.compare(outputs, reference)
+    if not check.ok:
+        raise AotpackError(f"{model_file.path}: the archive's native run disagrees with eager PyTorch: "
+                           f"{'; '.join(check.problems)}. This is an aotpack bug; please report it with "
+                           "the model file")
+    log.info("native runtime vs eager PyTorch: max abs error %.3g", check.max_abs_error)
 
 
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
@@ -194,7 +216,10 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     if selftest:
         manifest["selftest"] = {"inputs": verify.SELFTEST_INPUTS, "outputs": verify.SELFTEST_OUTPUTS,
                                 "atol": parity.ATOL, "rtol": parity.RTOL}
-    package.write_archive(target, manifest, files)
+    tic = time.perf_counter()
+    package.write_archive(target, manifest, files,
+                          before_publish=lambda archive: _native_check(archive, model_file, reference))
+    seconds["package_and_native_check"] = time.perf_counter() - tic
     if settings.debug_dir:
         _dump_debug(settings.debug_dir, name, arts, source)
     seconds["total"] = time.perf_counter() - start

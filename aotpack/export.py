@@ -189,4 +189,5 @@ def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
         with _quiet_torch():
             return ep.run_decompositions(decomposition_table())
     except Exception as exc:
-        raise _fail(path, f"decomposing the exported graph failed: {type(exc).__name__}: {exc}") from exc
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise _fail(path, f"decomposing the exported graph failed: {type(exc).__name__}: {first_line}") from exc

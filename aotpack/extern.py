@@ -38,12 +38,14 @@ def schema_values(node) -> list[tuple]:
     return found
 
 
-def argument(node, schema_arg, value, resolve: Callable, strided: Callable) -> ExternArg:
+def argument(node, schema_arg, value, resolve: Callable, strided: Callable, as_tensor: Callable) -> ExternArg:
     """One normalised argument.
 
     Args:
         resolve: FX node -> lowered value (other objects pass through).
         strided: lowered value -> (base, sizes, strides, offset), realising it if needed.
+        as_tensor: Python number -> 0-d constant value, for a number where the schema
+            wants a Tensor (``aten.mul.Tensor(x, 2)``; the boxed call needs a tensor).
 
     Raises:
         AotpackError: an argument type the runtime cannot pass (names node and argument).
@@ -59,6 +61,8 @@ def argument(node, schema_arg, value, resolve: Callable, strided: Callable) -> E
         return ExternArg("tensor_list", [None if v is None else strided(resolve(v)) for v in value])
     if isinstance(value, Value):
         return ExternArg("tensor", strided(value))
+    if text == "Tensor" and isinstance(value, (bool, int, float)):
+        return ExternArg("tensor", strided(as_tensor(value)))
     if isinstance(value, torch.device):
         return ExternArg("device", str(value))
     for kind_type, kind in _SCALARS:

@@ -104,6 +104,16 @@ class Lowerer:
         raise AotpackError(f"unsupported graph input kind {spec.kind.name} for '{node.name}'; "
                            "only tensors, parameters and buffers are supported")
 
+    def _scalar_constant(self, value) -> Buffer:
+        """A 0-d constant holding a Python number (float32, int64 or bool, like a wrapped
+        number: it does not promote the other operands' dtype)."""
+        tensor = torch.tensor(value, dtype=torch.float32 if isinstance(value, float) else None)
+        self.counter += 1
+        buf = Buffer(f"_scalar_{self.counter}", (), (), tensor.dtype, "constant")
+        self.constants.append(buf)
+        self.constant_tensors[buf.name] = tensor
+        return buf
+
     def _outputs(self, node):
         """Graph outputs and write-backs of mutated buffers/inputs, in a safe order.
 
@@ -248,12 +258,19 @@ class Lowerer:
         branch is recomputed (or half-computed) inside it.
         """
         pred_arg, true_attr, false_attr, operands = node.args[:4]
-        pred = self._strided(self._operand(pred_arg))
+        pred = self._operand(pred_arg)
+        if pred.dtype != torch.bool:  # cond takes any one-element tensor: test it against 0
+            source = pred
+            pred = Pointwise(tuple(source.shape), torch.bool,
+                             lambda ctx, index: ctx.emit("bool", f"({source.load(ctx, index)} != 0)"),
+                             op_count=1, op_names=("ne",))
+        pred = self._strided(pred)
         inputs = [StridedView(*self._strided(self._operand(o))) for o in operands]
         results = []
-        for t in _meta(node):
+        for t in _meta(node):  # contiguous: a branch may return an expanded (stride 0) view
             self.counter += 1
-            results.append(Buffer(f"buf{self.counter}", tuple(t.shape), tuple(t.stride()), t.dtype, "cond"))
+            results.append(Buffer(f"buf{self.counter}", tuple(t.shape), contiguous_strides(t.shape), t.dtype,
+                                  "cond"))
         branches = [self._branch(self.env[attr], inputs, results) for attr in (true_attr, false_attr)]
         self.steps.append(CondStep(pred, results, *branches))
         return results
@@ -593,7 +610,7 @@ class Lowerer:
         if not isinstance(op, torch._ops.OpOverload):
             raise AotpackError(f"unsupported construct: call to {op} in node '{node.name}' is not an "
                                "ATen operator; export the model so it uses torch operators only")
-        args = [extern.argument(node, argument, value, self._operand, self._strided)
+        args = [extern.argument(node, argument, value, self._operand, self._strided, self._scalar_constant)
                 for argument, value in extern.schema_values(node)]
         val = _meta(node)
         outs = val if isinstance(val, (list, tuple)) else ([] if val is None else [val])

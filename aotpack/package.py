@@ -13,6 +13,7 @@ import os
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import zstandard
 
@@ -46,12 +47,15 @@ def file_table(files: dict[str, bytes]) -> dict[str, dict]:
             for path, data in sorted(files.items())}
 
 
-def write_archive(target: Path, manifest: dict, files: dict[str, bytes]) -> Path:
+def write_archive(target: Path, manifest: dict, files: dict[str, bytes],
+                  before_publish: Callable[[Path], None] | None = None) -> Path:
     """Write ``target`` atomically: manifest (with the file table) + ``files``.
 
     Args:
         manifest: every manifest key except ``files``, which is computed here.
         files: archive path -> content.
+        before_publish: called with the finished temp file before it is renamed into
+            place; an exception there removes it, so ``target`` never holds a bad archive.
     """
     manifest = dict(manifest, files=file_table(files))
     manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
@@ -69,6 +73,8 @@ def write_archive(target: Path, manifest: dict, files: dict[str, bytes]) -> Path
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; archives are meant to be shared
+        if before_publish:
+            before_publish(Path(tmp))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

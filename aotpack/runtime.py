@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aotpack.config import ENV_RUNTIME
 from aotpack.errors import AotpackError
+from aotpack.package import read_manifest
 
 #: A source checkout's root (editable installs); the runtime builds into native/build.
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -70,12 +71,15 @@ def parse_latency(stdout: str) -> dict[str, float]:
 def save_inputs(tensors, folder: str | Path) -> list[Path]:
     """Write each tensor as ``input_<i>.npy`` in ``folder`` (the runtime's input format)."""
     import numpy as np
+    import torch
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, tensor in enumerate(tensors):
         path = folder / f"input_{i}.npy"
+        if tensor.dtype == torch.bfloat16:  # .npy has no bfloat16; the runtime converts float32
+            tensor = tensor.float()
         np.save(path, tensor.detach().contiguous().numpy())
         paths.append(path)
     return paths
@@ -94,6 +98,7 @@ def run_tensors(archive: str | Path, tensors, workdir: str | Path, bench: int = 
     inputs = save_inputs(tensors, workdir)
     out = workdir / "outputs.npz"
     result = run_archive(archive, inputs, out, bench=bench)
-    with np.load(out) as npz:
-        outputs = [torch.from_numpy(npz[name].copy()) for name in npz.files]
+    dtypes = [getattr(torch, o["dtype"]) for o in read_manifest(archive)["outputs"]]
+    with np.load(out) as npz:  # bfloat16 outputs arrive as float32 (.npy has no bfloat16)
+        outputs = [torch.from_numpy(npz[name].copy()).to(dtype) for name, dtype in zip(npz.files, dtypes)]
     return outputs, (parse_latency(result.stdout) if bench else None)

@@ -63,7 +63,9 @@ def verify(archive: str | Path) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="aotpack-verify-") as work:
         outputs, _ = run_tensors(archive, inputs, work)
     names = [o["name"] for o in manifest["outputs"]]
-    result = parity.compare(outputs, [expected[n] for n in names])
+    tolerance = manifest["selftest"]
+    result = parity.compare(outputs, [expected[n] for n in names], atol=tolerance.get("atol", parity.ATOL),
+                            rtol=tolerance.get("rtol", parity.RTOL))
     if not result.ok:
         raise AotpackError("\n".join(lines + ["self-test failed: " + "; ".join(result.problems)]))
     lines.append(f"self-test: {len(names)} outputs match eager PyTorch (max abs error "

@@ -63,3 +63,23 @@ def test_concurrent_builds_share_the_cache_safely(tmp_path):
         assert proc.returncode == 0, err
     manifests = [read_manifest(tmp_path / f"out{i}" / "mlp-0.1.0.aotpack") for i in range(2)]
     assert [k["kernel_key"] for k in manifests[0]["kernels"]] == [k["kernel_key"] for k in manifests[1]["kernels"]]
+
+
+def test_untaken_branch_is_not_cached_as_tuned(tmp_path, caplog):
+    """A kernel the example inputs never reach keeps candidate 0 in that archive only: a
+    later build whose inputs do reach it times it (nothing was cached for it)."""
+    from conftest import MODELS
+
+    settings = Settings.from_env(topn=2, cache_dir=tmp_path / "cache")
+    negative = build(MODELS / "branchy.py", tmp_path / "neg", settings=settings)
+    unvisited = [k for k in read_manifest(negative.archive)["kernels"] if not k["visited"]]
+    assert unvisited and all(k["timings_us"] == [] for k in unvisited)
+    positive_model = tmp_path / "branchy_positive.py"
+    positive_model.write_text((MODELS / "branchy.py").read_text().replace(
+        "(-torch.rand(4, 4, generator=g)", "(torch.rand(4, 4, generator=g)"))
+    with caplog.at_level(logging.INFO, logger="aotpack"):
+        positive = build(positive_model, tmp_path / "pos", settings=settings)
+    kernels = {k["name"]: k for k in read_manifest(positive.archive)["kernels"]}
+    for k in unvisited:
+        assert kernels[k["name"]]["visited"] and len(kernels[k["name"]]["timings_us"]) == 2
+    assert "native runtime vs eager PyTorch: max abs error" in caplog.text

@@ -128,3 +128,15 @@ def test_calibration_set_with_another_shape_is_rejected(tmp_path, cache_dir):
         build(path, tmp_path / "out", settings=Settings.from_env(cache_dir=cache_dir))
     assert str(err.value) == (f"{path}: calibration_inputs() set 0 is (float32[32, 128]), but "
                               "example_inputs() is (float32[64, 128]); shapes are static, so every set must match")
+
+
+def test_cond_with_float_predicate_expanded_result_and_half_scalar(build_model, tmp_path):
+    from aotpack.export import load_model_file
+    from aotpack.runtime import run_tensors
+    result = build_model(MODELS / "cond_edge.py")
+    model_file = load_model_file(MODELS / "cond_edge.py")
+    x, p = model_file.example_inputs
+    for pred in (p, p * 0):  # 0.5 (true: its first byte is 0) and 0.0 (false)
+        (ours,), _ = run_tensors(result.archive, (x, pred), tmp_path)
+        with torch.no_grad():
+            torch.testing.assert_close(ours, model_file.module(x, pred))

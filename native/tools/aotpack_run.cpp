@@ -106,6 +106,8 @@ Options parse_args(int argc, char** argv) {
   if (positional.empty()) throw UsageError("missing ARCHIVE");
   opt.archive = positional.front();
   opt.inputs.assign(positional.begin() + 1, positional.end());
+  if (opt.check && (!opt.inputs.empty() || !opt.output.empty() || opt.bench_runs > 0))
+    throw UsageError("--check only loads the archive: give no inputs, --output or --bench with it");
   return opt;
 }
 
