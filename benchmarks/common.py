@@ -11,7 +11,8 @@ from aotpack.export import load_model_file
 
 
 def eager_latency_us(module, inputs, runs: int, warmup: int = 10) -> float:
-    """Median wall time of ``module(*inputs)`` in microseconds (inference mode)."""
+    """Median wall time of ``module(*inputs)`` in microseconds (inference mode); ``module``
+    is any callable (an nn.Module, an AOTInductor runner)."""
     samples = []
     with torch.inference_mode():
         for _ in range(warmup):

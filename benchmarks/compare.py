@@ -56,18 +56,6 @@ def build_both(sample: Path, work: Path, topn: str) -> dict:
     return {"archive": archive, "pt2": pt2, "aotpack_build_s": aot_s, "aoti_build_s": aoti_s}
 
 
-def aoti_latency_us(runner, inputs, runs: int, warmup: int = 10) -> float:
-    samples = []
-    with torch.inference_mode():
-        for _ in range(warmup):
-            runner(*inputs)
-        for _ in range(runs):
-            start = time.perf_counter()
-            runner(*inputs)
-            samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
-
-
 def compare(sample: Path, topn: str, rounds: int, runs: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="aotpack-bench-") as tmp:
         work = Path(tmp)
@@ -82,7 +70,7 @@ def compare(sample: Path, topn: str, rounds: int, runs: int) -> dict:
         for _ in range(rounds):
             lat["aotpack"].append(run_tensors(built["archive"], inputs, work / "io", bench=runs)[1]["median"])
             lat["eager"].append(eager_latency_us(module, inputs, runs))
-            lat["aoti"].append(aoti_latency_us(runner, inputs, runs))
+            lat["aoti"].append(eager_latency_us(runner, inputs, runs))
         medians = {k: statistics.median(v) for k, v in lat.items()}
         return {**built, "error": error, **{f"{k}_us": v for k, v in medians.items()},
                 "archive_mb": built["archive"].stat().st_size / 1e6,

@@ -22,15 +22,7 @@ thread_local std::string t_last_error;
 // Runs `body`; maps any exception to status 1 and aotpack_last_error().
 template <class Body>
 int32_t guarded(Body&& body) noexcept {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception& e) {
-    t_last_error = aotpack::detail::exception_message(e);
-  } catch (...) {
-    t_last_error = "unknown C++ exception";
-  }
-  return 1;
+  return aotpack::detail::guarded(t_last_error, std::forward<Body>(body));
 }
 
 const aotpack::Model& model_of(const aotpack_model_t* model) {

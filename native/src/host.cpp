@@ -19,18 +19,10 @@ namespace {
 
 thread_local std::string t_last_error;
 
-// Runs `body`; maps any exception to status 1 and the thread-local message.
+// Runs `body`; maps any exception to status 1 and host_last_error().
 template <class Body>
 int32_t guarded(Body&& body) noexcept {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception& e) {
-    t_last_error = exception_message(e);
-  } catch (...) {
-    t_last_error = "unknown C++ exception";
-  }
-  return 1;
+  return detail::guarded(t_last_error, std::forward<Body>(body));
 }
 
 // ---- operator registry: handles stay valid for the process lifetime ----
