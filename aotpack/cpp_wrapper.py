@@ -77,6 +77,7 @@ class RunEmitter:
         self.names: dict[int, str] = {}
         self.ops: list[tuple[str, str]] = []
         self.temp = 0
+        self.declared = 0
 
     def name(self, buf: Buffer) -> str:
         """C++ variable holding ``buf``'s handle."""
@@ -146,8 +147,9 @@ class RunEmitter:
 
     def _declare(self, buf: Buffer) -> None:
         self.names[id(buf)] = f"b_{buf.name}"
-        # declared at function scope so later steps see it
-        self.lines.insert(self._decl_pos(), f"Tensor b_{buf.name};")
+        # declared at function scope (after earlier declarations) so later steps see it
+        self.lines.insert(self._decl_pos() + self.declared, f"Tensor b_{buf.name};")
+        self.declared += 1
 
     def _decl_pos(self) -> int:
         return len(self.graph.inputs) + len(self.graph.constants)
