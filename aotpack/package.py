@@ -82,46 +82,62 @@ def write_archive(target: Path, manifest: dict, files: dict[str, bytes],
     return target
 
 
-def read_members(archive: Path) -> dict[str, bytes]:
-    """Every regular file of an archive, by path.
+def _members(archive: Path):
+    """Yield ``(path, content)`` of each regular file, in archive order.
 
     Raises:
         AotpackError: the file is missing or is not a zstd-compressed tar.
     """
     try:
-        out = {}
         with open(archive, "rb") as handle:
             reader = zstandard.ZstdDecompressor().stream_reader(handle)
             with tarfile.open(fileobj=reader, mode="r|") as tar:
                 for member in tar:
                     if member.isfile():
-                        out[member.name] = tar.extractfile(member).read()
-        return out
+                        yield member.name, tar.extractfile(member).read()
     except OSError as exc:
         raise AotpackError(f"cannot read {archive}: {exc.strerror or exc}") from None
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
         raise AotpackError(f"{archive} is not an .aotpack archive (a zstd-compressed tar): {exc}") from None
 
 
-def read_manifest(archive: Path) -> dict:
-    """The manifest of an archive.
+def read_members(archive: Path) -> dict[str, bytes]:
+    """Every regular file of an archive, by path (decompresses the whole archive).
 
     Raises:
-        AotpackError: unreadable archive, or no valid manifest.json in it.
+        AotpackError: the file is missing or is not a zstd-compressed tar.
     """
-    members = read_members(archive)
-    if MANIFEST not in members:
+    return dict(_members(archive))
+
+
+def _parse_manifest(archive: Path, data: bytes | None) -> dict:
+    if data is None:
         raise AotpackError(f"{archive} has no {MANIFEST}; it was not written by aotpack")
     try:
-        return json.loads(members[MANIFEST])
+        return json.loads(data)
     except ValueError as exc:
         raise AotpackError(f"{archive}: {MANIFEST} is not valid JSON: {exc}") from None
 
 
-def verify_files(archive: Path) -> list[str]:
-    """Problems with the archive's files against the manifest's sizes and sha256 (empty = ok)."""
-    members = read_members(archive)
-    manifest = read_manifest(archive)
+def read_manifest(archive: Path) -> dict:
+    """The manifest of an archive; reads only up to it (it is the first entry).
+
+    Raises:
+        AotpackError: unreadable archive, or no valid manifest.json in it.
+    """
+    for path, data in _members(archive):
+        if path == MANIFEST:
+            return _parse_manifest(archive, data)
+    return _parse_manifest(archive, None)
+
+
+def verify_files(archive: Path, members: dict[str, bytes] | None = None) -> list[str]:
+    """Problems with the archive's files against the manifest's sizes and sha256 (empty = ok).
+
+    ``members`` (from ``read_members``) avoids decompressing the archive again.
+    """
+    members = read_members(archive) if members is None else members
+    manifest = _parse_manifest(archive, members.get(MANIFEST))
     listed = manifest.get("files", {})
     problems = [f"{path}: missing" for path in sorted(set(listed) - set(members))]
     problems += [f"{path}: not listed in the manifest" for path in sorted(set(members) - set(listed) - {MANIFEST})]

@@ -44,7 +44,8 @@ def verify(archive: str | Path) -> list[str]:
     """
     archive = Path(archive)
     lines = []
-    problems = verify_files(archive)
+    members = read_members(archive)
+    problems = verify_files(archive, members)
     if problems:
         raise AotpackError(f"{archive}: files: " + "; ".join(problems))
     manifest = read_manifest(archive)
@@ -56,7 +57,6 @@ def verify(archive: str | Path) -> list[str]:
     if "selftest" not in manifest:
         lines.append("self-test: none stored (build with --selftest to include one)")
         return lines
-    members = read_members(archive)
     stored = safetensors.torch.load(members[SELFTEST_INPUTS])  # a dict: order by name
     inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
     expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])

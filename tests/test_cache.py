@@ -43,7 +43,12 @@ def test_device_limit_is_part_of_the_cache_key_and_bounds_block_dim(tmp_path):
     manifest = read_manifest(one.archive)
     assert manifest["device_limit"] == 1
     assert all("block_dim=1;" in t for k in manifest["kernels"] for t in k["candidate_tilings"])
-    assert one.compiled > 0
+    again = build(SAMPLES / "mlp.py", tmp_path / "again",
+                  settings=Settings.from_env(topn=3, cache_dir=cache, device_limit="1"))
+    assert again.compiled == 0  # same limit: same key, a cache hit
+    # the limit alone changes the key (static kernels are tuned for a core count)
+    from aotpack.compile import _artifact_hash
+    assert _artifact_hash(["src"], "wrapper", "native", 1) != _artifact_hash(["src"], "wrapper", "native", 2)
 
 
 def test_concurrent_builds_share_the_cache_safely(tmp_path):

@@ -20,6 +20,15 @@
 
 #include <stdint.h>
 
+/* Marks exported symbols (the runtime library is built with -fvisibility=hidden). */
+#ifndef AOTPACK_EXPORT
+#if defined(__GNUC__)
+#define AOTPACK_EXPORT __attribute__((visibility("default")))
+#else
+#define AOTPACK_EXPORT
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -22,15 +22,6 @@
 
 #include "aotpack/model_abi.h"
 
-/* Marks the library's exported symbols (it is built with -fvisibility=hidden). */
-#ifndef AOTPACK_EXPORT
-#if defined(__GNUC__)
-#define AOTPACK_EXPORT __attribute__((visibility("default")))
-#else
-#define AOTPACK_EXPORT
-#endif
-#endif
-
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -11,13 +11,7 @@
 #include <string>
 #include <vector>
 
-#ifndef AOTPACK_EXPORT
-#if defined(__GNUC__)
-#define AOTPACK_EXPORT __attribute__((visibility("default")))
-#else
-#define AOTPACK_EXPORT
-#endif
-#endif
+#include "aotpack/model_abi.h"  // AOTPACK_EXPORT
 
 namespace aotpack {
 
