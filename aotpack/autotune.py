@@ -99,7 +99,7 @@ def _choose(wrapper: LoadedWrapper, samples: list[tuple[list[float], list[float]
     timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(art.candidates))]
     spreads = [max(s[1][i] for s in samples) for i in range(len(art.candidates))]
     for index, (tiling, us) in enumerate(zip(art.candidates, timings)):
-        log.info("%s candidate %d (%s): Timing %.2f us", art.kernel.name, index, tiling.repr, us)
+        log.info("%s candidate %d (%s): Timing %.2f us", art.kernel.name, index, tiling.tiling_repr, us)
     best = min(range(len(timings)), key=timings.__getitem__)
     art.timings_us = timings
     save_winner(art, art.candidates[best])

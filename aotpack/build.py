@@ -23,6 +23,7 @@ from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model_file
 from aotpack.lowering import lower
+from aotpack.backends.cpu.formulas import C_TYPES
 
 log = logging.getLogger("aotpack")
 
@@ -76,9 +77,9 @@ def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
         lit = cpp_wrapper.kernel_literal(art)
         win = art.winner
         entries.append({
-            "name": art.kernel.name, "kernel_key": win.kernel_key, "tiling_repr": win.repr,
+            "name": art.kernel.name, "kernel_key": win.kernel_key, "tiling_repr": win.tiling_repr,
             "workspace": win.workspace, "block_dim": win.block_dim, "candidates": len(art.candidates),
-            "candidate_tilings": [t.repr for t in art.candidates],
+            "candidate_tilings": [t.tiling_repr for t in art.candidates],
             "timings_us": [round(t, 3) for t in art.timings_us], "visited": art.visited,
             "lib_kernel": lit.lib_kernel, "wrapper": lit.wrapper,
         })
@@ -154,7 +155,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     ep = export_model(model_file)
     seconds["export"] = time.perf_counter() - start
     try:
-        graph = lower(ep)
+        graph = lower(ep, frozenset(C_TYPES))
     except AotpackError as exc:
         raise AotpackError(f"{model_file.path}: {exc}") from None
     seconds["lower"] = time.perf_counter() - start - seconds["export"]

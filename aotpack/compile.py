@@ -31,10 +31,10 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from aotpack.errors import AotpackError
-from aotpack.ir import FusedKernel
-from aotpack.kernel_codegen import render_kernel
+from aotpack.kernel_ir import FusedKernel
+from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.render import render
-from aotpack.tiling import Tiling, solve
+from aotpack.backends.cpu.tiling import Tiling, solve
 
 log = logging.getLogger("aotpack")
 
@@ -211,7 +211,7 @@ def prepare(kernels: list[FusedKernel], topn: int, device_limit: int, march: str
     unique: dict[Path, KernelArtifacts] = {}
     by_kernel = {}
     for kernel in kernels:
-        candidates = solve(kernel, kernel.has_reduction, device_limit)[:topn]
+        candidates = solve(kernel, device_limit)[:topn]
         sources = [render_kernel(kernel, t) for t in candidates]
         wrapper = render("cpu_wrapper.cpp.j2", candidates=candidates)
         directory = cache_dir / "cpu" / kernel.base_name / _artifact_hash(sources, wrapper, march, device_limit)

@@ -20,11 +20,13 @@ from torch.export.graph_signature import InputKind, OutputKind
 from aotpack import extern, ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
-    C_TYPES, Buffer, CondStep, CopyBack, ExternArg, ExternCall, FusedKernel, Graph, Index, KernelCall,
-    Lazy, Pointwise, Reduction, StridedView, Value, as_strided_parts, contiguous_strides,
-    flat_index, unflatten_index,
+    Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
+    Reduction, StridedView, Value, as_strided_parts, contiguous_strides, flat_index, unflatten_index,
 )
-from aotpack.kernel_codegen import NeedsRealize, build_body
+from aotpack.kernel_ir import (
+    Cast, Const, FusedKernel, Op, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
+    row_vars,
+)
 
 log = logging.getLogger("aotpack")
 
@@ -38,25 +40,12 @@ def _meta(node) -> Any:
     return node.meta.get("val")
 
 
-def _literal(value, ctype: str) -> str:
-    """A Python scalar as a C++ expression of type ``ctype``."""
-    if isinstance(value, bool):
-        return f"static_cast<{ctype}>({'true' if value else 'false'})"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
-        if math.isinf(value):
-            sign = "-" if value < 0 else ""
-            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
-        return f"static_cast<{ctype}>({value!r})"
-    return f"static_cast<{ctype}>({int(value)}LL)"
-
-
 class Lowerer:
     """Walks the FX graph once, in order, building steps and kernels."""
 
-    def __init__(self, ep: ExportedProgram):
+    def __init__(self, ep: ExportedProgram, dtypes: frozenset):
         self.ep = ep
+        self.dtypes = dtypes
         self.env: dict[Any, Any] = {}
         self.steps: list = []
         self.kernels: list[FusedKernel] = []
@@ -155,9 +144,8 @@ class Lowerer:
         """A fresh contiguous copy of a view: a fused kernel, or ATen's clone for dtypes
         the kernels do not compute in."""
         view = StridedView(*parts)
-        if view.dtype in C_TYPES:
-            copy = Pointwise(tuple(view.shape), view.dtype, lambda ctx, index: view.load(ctx, index),
-                             op_names=("copy",))
+        if view.dtype in self.dtypes:
+            copy = Pointwise(tuple(view.shape), view.dtype, lambda index: view.expr(index), op_names=("copy",))
             return self._strided(self.realize(copy))
         self.counter += 1
         buf = Buffer(f"buf{self.counter}", view.shape, contiguous_strides(view.shape), view.dtype, "extern")
@@ -195,12 +183,12 @@ class Lowerer:
         return result
 
     def _fusable(self, node) -> bool:
-        """All tensors involved have a dtype the C++ kernels compute in."""
+        """All tensors involved have a dtype the backend's kernels compute in."""
         tensors = [_meta(a) for a in node.all_input_nodes] + [_meta(node)]
         flat = []
         for t in tensors:
             flat.extend(t if isinstance(t, (list, tuple)) else [t])
-        return all(isinstance(t, torch.Tensor) and t.dtype in C_TYPES for t in flat)
+        return all(isinstance(t, torch.Tensor) and t.dtype in self.dtypes for t in flat)
 
     def _lower_fusable(self, node):
         op = node.target
@@ -209,39 +197,34 @@ class Lowerer:
         if op in ops.COPIES:
             return self._copy(node)
         if op in ops.UNARY:
-            formula, expensive = ops.UNARY[op]
+            name, expensive = ops.UNARY[op]
             source_dtype = _meta(node.args[0]).dtype
             if op is torch.ops.aten.bitwise_not.default and source_dtype == torch.bool:
-                formula = "!{0}"  # ~true is -2, which is true again as a bool
+                name = "logical_not"  # ~true is -2, which is true again as a bool
             if op in ops.ROUNDING and not source_dtype.is_floating_point:
-                formula = "{0}"  # integers are already whole (a double round trip loses bits)
+                name = "identity"  # integers are already whole (a double round trip loses bits)
             # predicates (isnan, logical_not) test the input, not its cast to bool
             predicate = _meta(node).dtype == torch.bool and source_dtype != torch.bool
-            return self._pointwise(node, [node.args[0]], formula, expensive, compare=predicate)
+            return self._pointwise(node, [node.args[0]], name, expensive, compare=predicate)
         if op in ops.BINARY:
             a, b = node.args[0], node.args[1]
             alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+            params = ()
             if alpha != 1 and op in (torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor):
-                formula = ops.BINARY[op].replace("{1}", f"({{1}} * {_literal(alpha, '{t}')})")
+                params = (alpha,)
             elif op is torch.ops.aten.pow.Tensor_Scalar and b in ops.POW_SPECIAL:
                 return self._pointwise(node, [a], ops.POW_SPECIAL[b], False)
-            elif op is torch.ops.aten.fmod.Tensor and not _meta(node).dtype.is_floating_point:
-                formula = "({1} == 0 ? {0} - {0} : {0} % {1})"  # C++ % truncates, like fmod
-            else:
-                formula = ops.BINARY[op]
-            return self._pointwise(node, [a, b], formula, op in ops.EXPENSIVE_BINARY,
-                                   compare=op in ops.COMPARISONS)
+            return self._pointwise(node, [a, b], ops.BINARY[op], op in ops.EXPENSIVE_BINARY,
+                                   compare=op in ops.COMPARISONS, params=params)
         if op is torch.ops.aten.where.self:
-            return self._pointwise(node, list(node.args[:3]), "({0} ? {1} : {2})", False, where=True)
+            return self._pointwise(node, list(node.args[:3]), "where", False, where=True)
         if op in (torch.ops.aten.clamp.default, torch.ops.aten.clamp_min.default,
                   torch.ops.aten.clamp_max.default):
             return self._clamp(node)
         if op is torch.ops.aten.gelu.default:
             if node.kwargs.get("approximate", "none") != "none":
                 return None
-            return self._pointwise(node, [node.args[0]],
-                                   "({0} * static_cast<{t}>(0.5) * (static_cast<{t}>(1) + "
-                                   "std::erf({0} * static_cast<{t}>(0.7071067811865476))))", True)
+            return self._pointwise(node, [node.args[0]], "gelu", True)
         if op in ops.REDUCTIONS:
             return self._reduction(node)
         if op is torch.ops.aten.var_mean.correction:
@@ -262,7 +245,7 @@ class Lowerer:
         if pred.dtype != torch.bool:  # cond takes any one-element tensor: test it against 0
             source = pred
             pred = Pointwise(tuple(source.shape), torch.bool,
-                             lambda ctx, index: ctx.emit("bool", f"({source.load(ctx, index)} != 0)"),
+                             lambda index: Op("ne_zero", (source.expr(index),), torch.bool, convert=False),
                              op_count=1, op_names=("ne",))
         pred = self._strided(pred)
         inputs = [StridedView(*self._strided(self._operand(o))) for o in operands]
@@ -336,46 +319,23 @@ class Lowerer:
             return buf
         names = "_".join(dict.fromkeys(value.op_names)) or "copy"
         base_name = f"fused_{names[:48]}"
-        kernel = FusedKernel(f"{base_name}_{self.counter}", base_name, [buf], [value], outer, inner, False)
-        while True:
-            try:
-                body = build_body(kernel)
+        name = f"{base_name}_{self.counter}"
+        while True:  # a reduction read at other rows than its own needs a buffer first
+            exprs = _output_exprs([value], outer, inner)
+            foreign = foreign_reduction(exprs, outer)
+            if foreign is None:
                 break
-            except NeedsRealize as need:
-                self.realize(need.reduction)
-        kernel.body = body
-        kernel.has_reduction = body.has_reduction
-        if not body.has_reduction and (body.inner_divisors or kernel.inner_size < NARROW_INNER):
-            self._choose_domain(kernel)
+            self.realize(foreign.origin)
+        access = inner_access(exprs, inner)
+        if not has_reduce(exprs) and (access.divisors or inner < NARROW_INNER):
+            outer, inner, exprs, access = _choose_domain(value, outer, inner, exprs, access)
+        row_outputs = (0,) if isinstance(value, Reduction) else ()
+        kernel = FusedKernel(name, base_name, tuple(outer), inner, tuple(input_buffers(exprs)), (buf,),
+                             tuple(exprs), access, has_reduce(exprs), row_outputs)
         value.realized = buf
         self.kernels.append(kernel)
         self.steps.append(KernelCall(kernel))
         return buf
-
-    @staticmethod
-    def _choose_domain(kernel: FusedKernel) -> None:
-        """Reshape a pointwise kernel's iteration domain when that makes loads affine in j.
-
-        The output is contiguous, so any row-major refinement of its shape is exact:
-        * a narrow inner dimension merges with the dimensions before it while every load
-          stays affine ((1M, 3) becomes one long vectorisable loop);
-        * an inner dimension read as ``j // d`` and ``j % d`` (a reshape merging heads
-          back) splits into ``(N/d, d)``, so the inner loop carries no div/mod.
-        """
-        shape = kernel.outer_shape + (kernel.inner_size,)
-        trials = []
-        if kernel.inner_size < NARROW_INNER:
-            trials += [(shape[:k], math.prod(shape[k:])) for k in range(len(shape) - 2, -1, -1)]
-        trials += [(kernel.outer_shape + (kernel.inner_size // d,), d) for d in kernel.body.inner_divisors
-                   if d < kernel.inner_size and kernel.inner_size % d == 0]
-        for outer, inner in trials:
-            trial = FusedKernel(kernel.name, kernel.base_name, kernel.outputs, kernel.values,
-                                tuple(outer), inner, False)
-            body = build_body(trial)
-            if not body.inner_divisors and body.strided_inner <= kernel.body.strided_inner:
-                kernel.outer_shape, kernel.inner_size, kernel.body = trial.outer_shape, inner, body
-                kernel.inputs = trial.inputs
-                return
 
     @staticmethod
     def _empty(buf: Buffer) -> ExternCall:
@@ -409,27 +369,25 @@ class Lowerer:
         a, b = probes
         return torch.result_type(b, a) if not isinstance(a, torch.Tensor) else torch.result_type(a, b)
 
-    def _pointwise(self, node, args, formula: str, expensive: bool, compare=False, where=False):
+    def _pointwise(self, node, args, name: str, expensive: bool, compare=False, where=False, params=()):
         operands = [self._operand(a) for a in args]
         if any(not isinstance(v, (Value, int, float, bool)) for v in operands):
             return None
         out_shape = tuple(_meta(node).shape)
         out_dtype = _meta(node).dtype
         compute = self._compute_dtype(node, operands, compare)
-        ctype, out_ctype = C_TYPES[compute], C_TYPES[out_dtype]
-        formula = formula.replace("{t}", ctype)
         lazy = [v for v in operands if isinstance(v, Lazy) and v.realized is None]
 
-        def fn(ctx, index):
-            names = []
+        def fn(index):
+            exprs = []
             for pos, v in enumerate(operands):
-                want = "bool" if where and pos == 0 else ctype
+                want = torch.bool if where and pos == 0 else compute
                 if isinstance(v, Value):
-                    var = v.load(ctx, views.broadcast_index(v.shape, out_shape, index))
-                    names.append(var if C_TYPES[v.dtype] == want else ctx.emit(want, f"static_cast<{want}>({var})"))
+                    expr = v.expr(views.broadcast_index(v.shape, out_shape, index))
+                    exprs.append(expr if v.dtype == want else Cast(expr, want))
                 else:
-                    names.append(_literal(v, want))
-            return ctx.emit(out_ctype, f"static_cast<{out_ctype}>({formula.format(*names)})")
+                    exprs.append(Const(v, want))
+            return Op(name, tuple(exprs), out_dtype, tuple(params))
 
         return Pointwise(out_shape, out_dtype, fn,
                          op_count=1 + sum(v.op_count for v in lazy),
@@ -445,19 +403,14 @@ class Lowerer:
             low, high = None, node.args[1]
         if any(hasattr(b, "op") for b in (low, high)):
             return None
-        formula = "{0}"
-        if low is not None:
-            formula = f"ap_max({formula}, {_literal(low, '{t}')})"
-        if high is not None:
-            formula = f"ap_min({formula}, {_literal(high, '{t}')})"
-        return self._pointwise(node, [node.args[0]], formula, False)
+        return self._pointwise(node, [node.args[0]], "clamp", False, params=(low, high))
 
     def _copy(self, node):
         source = self._operand(node.args[0])
         val = _meta(node)
         if val.device.type != "cpu" or tuple(val.shape) != tuple(source.shape):
             return None
-        return self._pointwise(node, [node.args[0]], "{0}", False)
+        return self._pointwise(node, [node.args[0]], "identity", False)
 
     def _batch_norm(self, node):
         """Eval-mode batch norm: a per-channel (dim 1) affine map, fused as pointwise."""
@@ -469,20 +422,19 @@ class Lowerer:
         channels = x.shape[1]
         if any(not isinstance(v, Value) or tuple(v.shape) != (channels,) for v in stats):
             return None
-        ctype = C_TYPES[x.dtype]
         out_shape = tuple(x.shape)
 
-        def fn(ctx, index):
+        def fn(index):
             channel = [index[1]]
-            value = x.load(ctx, index)
-            m = mean.load(ctx, channel) if mean is not None else "0"
-            v = var.load(ctx, channel) if var is not None else "1"
-            scale = ctx.emit(ctype, f"ap_rsqrt({v} + static_cast<{ctype}>({float(eps)!r}))")
-            y = ctx.emit(ctype, f"(({value} - {m}) * {scale})")
+            value = x.expr(index)
+            m = mean.expr(channel) if mean is not None else Const(0.0, x.dtype)
+            v = var.expr(channel) if var is not None else Const(1.0, x.dtype)
+            scale = Op("rsqrt_eps", (v,), x.dtype, (float(eps),), convert=False)
+            y = Op("normalize", (value, m, scale), x.dtype, convert=False)
             if weight is not None:
-                y = ctx.emit(ctype, f"({y} * {weight.load(ctx, channel)})")
+                y = Op("mul", (y, weight.expr(channel)), x.dtype, convert=False)
             if bias is not None:
-                y = ctx.emit(ctype, f"({y} + {bias.load(ctx, channel)})")
+                y = Op("add", (y, bias.expr(channel)), x.dtype, convert=False)
             return y
 
         lazy = [x] if isinstance(x, Lazy) and x.realized is None else []
@@ -520,8 +472,8 @@ class Lowerer:
         return self._remap(source, tuple(val.shape), index_map)
 
     def _remap(self, source: Value, shape: tuple, index_map):
-        def fn(ctx, index):
-            return source.load(ctx, index_map(index))
+        def fn(index):
+            return source.expr(index_map(index))
 
         lazy = isinstance(source, Lazy) and source.realized is None
         return Pointwise(shape, source.dtype, fn, op_count=source.op_count if lazy else 0,
@@ -550,8 +502,8 @@ class Lowerer:
         kept = tuple(range(first, len(shape))) if keepdim else ()
         red_shape_src = outer + (inner,)
         if src_fn is None:
-            def src_fn(ctx, index):
-                return source.load(ctx, index[:-1] + unflatten_index(index[-1], shape[first:]))
+            def src_fn(index):
+                return source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
         lazy = [source] if isinstance(source, Lazy) and source.realized is None else []
         src = Pointwise(red_shape_src, source.dtype, src_fn)
         return Reduction(out_shape, out_dtype, src, outer, inner, kind,
@@ -587,13 +539,11 @@ class Lowerer:
         shape = tuple(source.shape)
         inner = math.prod(shape[first:])
         mean = self._make_reduction(node, source, "sum", True, first, True, source.dtype)
-        ctype = C_TYPES[source.dtype]
-
-        def squared_deviation(ctx, index):
-            x = source.load(ctx, index[:-1] + unflatten_index(index[-1], shape[first:]))
-            m = mean.load(ctx, index[:-1] + [Index.constant(0)] * (len(shape) - first))
-            d = ctx.emit(ctype, f"({x} - {m})")
-            return ctx.emit(ctype, f"({d} * {d})")
+        def squared_deviation(index):
+            x = source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
+            m = mean.expr(index[:-1] + [Index.constant(0)] * (len(shape) - first))
+            deviation = Op("sub", (x, m), source.dtype, convert=False)
+            return Op("mul", (deviation, deviation), source.dtype, convert=False)
 
         var = self._make_reduction(node, source, "sum", False, first, keepdim, source.dtype,
                                    src_fn=squared_deviation)
@@ -633,11 +583,57 @@ class Lowerer:
         return buffers if isinstance(val, (list, tuple)) else buffers[0]
 
 
-def lower(ep: ExportedProgram) -> Graph:
+def _output_exprs(values: list, outer: tuple, inner: int) -> list:
+    """IR of each output over the domain ``outer x (inner,)``.
+
+    A reduction output is read once per row; any other output may refine its shape
+    in the domain (same elements, row-major), so its index is re-derived from the
+    domain's flat position.
+    """
+    own_rows = row_vars(tuple(outer))
+    domain = own_rows + [inner_var(inner)]
+    exprs = []
+    for value in values:
+        if isinstance(value, Reduction):  # the kernel's own reduction (bypass .realized)
+            exprs.append(value.node(own_rows))
+        else:
+            exprs.append(value.fn(unflatten_index(flat_index(domain, tuple(outer) + (inner,)), value.shape)))
+    return exprs
+
+
+def _choose_domain(value, outer: tuple, inner: int, exprs: list, access):
+    """Reshape a pointwise kernel's iteration domain when that makes loads affine in j.
+
+    The output is contiguous, so any row-major refinement of its shape is exact:
+    * a narrow inner dimension merges with the dimensions before it while every load
+      stays affine ((1M, 3) becomes one long vectorisable loop);
+    * an inner dimension read as ``j // d`` and ``j % d`` (a reshape merging heads
+      back) splits into ``(N/d, d)``, so the inner loop carries no div/mod.
+
+    Returns:
+        (outer, inner, exprs, access) of the chosen domain (the given one if no trial wins).
+    """
+    shape = tuple(outer) + (inner,)
+    trials = []
+    if inner < NARROW_INNER:
+        trials += [(shape[:k], math.prod(shape[k:])) for k in range(len(shape) - 2, -1, -1)]
+    trials += [(tuple(outer) + (inner // d,), d) for d in access.divisors if d < inner and inner % d == 0]
+    for trial_outer, trial_inner in trials:
+        trial_exprs = _output_exprs([value], trial_outer, trial_inner)
+        trial = inner_access(trial_exprs, trial_inner)
+        if not trial.divisors and trial.strided <= access.strided:
+            return tuple(trial_outer), trial_inner, trial_exprs, trial
+    return tuple(outer), inner, exprs, access
+
+
+def lower(ep: ExportedProgram, dtypes: frozenset) -> Graph:
     """Lower ``ep`` (static shapes, decomposed) into an ``ir.Graph``.
+
+    ``dtypes`` are the dtypes the backend's kernels compute in: ops on other dtypes
+    run as extern calls.
 
     Raises:
         AotpackError: for constructs aotpack cannot run (control flow, non-tensor
             outputs, data-dependent shapes), naming the node.
     """
-    return Lowerer(ep).run()
+    return Lowerer(ep, frozenset(dtypes)).run()

@@ -1,8 +1,7 @@
-"""Which ATen ops fuse, and the C++ expression each one becomes.
+"""Which ATen ops fuse, and the kernel IR op (``kernel_ir.Op.name``) each one becomes.
 
-Pointwise formulas take operand variable names ``{0}``, ``{1}``, ... already cast to
-the op's compute type. Helpers named ``ap_*`` live in ``templates/cpu_math.h.j2``.
-Everything not listed here runs as an extern call into ATen (see ``lowering``).
+Backends render IR op names (``aotpack/backends/<name>/``); this table only says what
+fuses. Everything not listed here runs as an extern call into ATen (see ``lowering``).
 """
 from __future__ import annotations
 
@@ -11,83 +10,85 @@ import torch
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-#: op -> (C++ formula, expensive). "expensive" ops are worth a buffer when a value
+#: op -> (IR op name, expensive). "expensive" ops are worth a buffer when a value
 #: has several users, rather than being recomputed in each (transcendentals).
 UNARY = {
-    aten.neg.default: ("-{0}", False),
-    aten.relu.default: ("ap_relu({0})", False),
-    aten.abs.default: ("std::abs({0})", False),
-    aten.exp.default: ("std::exp({0})", True),
-    aten.exp2.default: ("std::exp2({0})", True),
-    aten.expm1.default: ("std::expm1({0})", True),
-    aten.log.default: ("std::log({0})", True),
-    aten.log2.default: ("std::log2({0})", True),
-    aten.log1p.default: ("std::log1p({0})", True),
-    aten.sqrt.default: ("std::sqrt({0})", False),
-    aten.rsqrt.default: ("ap_rsqrt({0})", False),
-    aten.reciprocal.default: ("ap_reciprocal({0})", False),
-    aten.sigmoid.default: ("ap_sigmoid({0})", True),
-    aten.tanh.default: ("std::tanh({0})", True),
-    aten.erf.default: ("std::erf({0})", True),
-    aten.sin.default: ("std::sin({0})", True),
-    aten.cos.default: ("std::cos({0})", True),
-    aten.floor.default: ("std::floor({0})", False),
-    aten.ceil.default: ("std::ceil({0})", False),
-    aten.round.default: ("std::nearbyint({0})", False),
-    aten.trunc.default: ("std::trunc({0})", False),
-    aten.sign.default: ("ap_sign({0})", False),
-    aten.logical_not.default: ("!{0}", False),
-    aten.bitwise_not.default: ("~{0}", False),
-    aten.isnan.default: ("({0} != {0})", False),
-    aten.silu.default: ("({0} * ap_sigmoid({0}))", True),
+    aten.neg.default: ("neg", False),
+    aten.relu.default: ("relu", False),
+    aten.abs.default: ("abs", False),
+    aten.exp.default: ("exp", True),
+    aten.exp2.default: ("exp2", True),
+    aten.expm1.default: ("expm1", True),
+    aten.log.default: ("log", True),
+    aten.log2.default: ("log2", True),
+    aten.log1p.default: ("log1p", True),
+    aten.sqrt.default: ("sqrt", False),
+    aten.rsqrt.default: ("rsqrt", False),
+    aten.reciprocal.default: ("reciprocal", False),
+    aten.sigmoid.default: ("sigmoid", True),
+    aten.tanh.default: ("tanh", True),
+    aten.erf.default: ("erf", True),
+    aten.sin.default: ("sin", True),
+    aten.cos.default: ("cos", True),
+    aten.floor.default: ("floor", False),
+    aten.ceil.default: ("ceil", False),
+    aten.round.default: ("round", False),
+    aten.trunc.default: ("trunc", False),
+    aten.sign.default: ("sign", False),
+    aten.logical_not.default: ("logical_not", False),
+    aten.bitwise_not.default: ("bitwise_not", False),
+    aten.isnan.default: ("isnan", False),
+    aten.silu.default: ("silu", True),
 }
 
 #: Rounding ops: identity on integer inputs.
 ROUNDING = {aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default}
 
-#: pow(x, scalar) exponents ATen computes without pow() (pow_tensor_scalar_optimized);
-#: the same formulas give the same NaN/inf/-0 results.
+#: pow(x, scalar) exponents ATen computes without pow() (pow_tensor_scalar_optimized),
+#: as IR ops: the same formulas give the same NaN/inf/-0 results.
 POW_SPECIAL = {
-    0.5: "std::sqrt({0})", -0.5: "ap_rsqrt({0})", 2: "({0} * {0})", 2.0: "({0} * {0})",
-    3: "({0} * {0} * {0})", 3.0: "({0} * {0} * {0})", -1: "ap_reciprocal({0})", -1.0: "ap_reciprocal({0})",
-    -2: "ap_reciprocal({0} * {0})", -2.0: "ap_reciprocal({0} * {0})",
+    0.5: "sqrt", -0.5: "rsqrt", 2: "square", 2.0: "square", 3: "cube", 3.0: "cube",
+    -1: "reciprocal", -1.0: "reciprocal", -2: "reciprocal_square", -2.0: "reciprocal_square",
 }
 
+#: op -> IR op name (``kernel_ir.Op.name``).
 BINARY = {
-    aten.add.Tensor: "({0} + {1})",
-    aten.sub.Tensor: "({0} - {1})",
-    aten.mul.Tensor: "({0} * {1})",
-    aten.div.Tensor: "({0} / {1})",
-    aten.pow.Tensor_Tensor: "ap_pow({0}, {1})",
-    aten.pow.Tensor_Scalar: "ap_pow({0}, {1})",
-    aten.maximum.default: "ap_max({0}, {1})",
-    aten.minimum.default: "ap_min({0}, {1})",
-    aten.fmod.Tensor: "std::fmod({0}, {1})",
-    aten.atan2.default: "std::atan2({0}, {1})",
-    aten.eq.Tensor: "({0} == {1})",
-    aten.ne.Tensor: "({0} != {1})",
-    aten.lt.Tensor: "({0} < {1})",
-    aten.le.Tensor: "({0} <= {1})",
-    aten.gt.Tensor: "({0} > {1})",
-    aten.ge.Tensor: "({0} >= {1})",
-    aten.eq.Scalar: "({0} == {1})",
-    aten.ne.Scalar: "({0} != {1})",
-    aten.lt.Scalar: "({0} < {1})",
-    aten.le.Scalar: "({0} <= {1})",
-    aten.gt.Scalar: "({0} > {1})",
-    aten.ge.Scalar: "({0} >= {1})",
-    aten.logical_and.default: "({0} && {1})",
-    aten.logical_or.default: "({0} || {1})",
-    aten.bitwise_and.Tensor: "({0} & {1})",
-    aten.bitwise_or.Tensor: "({0} | {1})",
-    aten.bitwise_xor.Tensor: "({0} ^ {1})",
-    aten.mul.Scalar: "({0} * {1})",
-    aten.add.Scalar: "({0} + {1})",
-    aten.sub.Scalar: "({0} - {1})",
-    aten.div.Scalar: "({0} / {1})",
+    aten.add.Tensor: "add",
+    aten.sub.Tensor: "sub",
+    aten.mul.Tensor: "mul",
+    aten.div.Tensor: "div",
+    aten.pow.Tensor_Tensor: "pow",
+    aten.pow.Tensor_Scalar: "pow",
+    aten.maximum.default: "maximum",
+    aten.minimum.default: "minimum",
+    aten.fmod.Tensor: "fmod",
+    aten.atan2.default: "atan2",
+    aten.eq.Tensor: "eq",
+    aten.ne.Tensor: "ne",
+    aten.lt.Tensor: "lt",
+    aten.le.Tensor: "le",
+    aten.gt.Tensor: "gt",
+    aten.ge.Tensor: "ge",
+    aten.eq.Scalar: "eq",
+    aten.ne.Scalar: "ne",
+    aten.lt.Scalar: "lt",
+    aten.le.Scalar: "le",
+    aten.gt.Scalar: "gt",
+    aten.ge.Scalar: "ge",
+    aten.logical_and.default: "logical_and",
+    aten.logical_or.default: "logical_or",
+    aten.bitwise_and.Tensor: "bitwise_and",
+    aten.bitwise_or.Tensor: "bitwise_or",
+    aten.bitwise_xor.Tensor: "bitwise_xor",
+    aten.mul.Scalar: "mul",
+    aten.add.Scalar: "add",
+    aten.sub.Scalar: "sub",
+    aten.div.Scalar: "div",
 }
 EXPENSIVE_BINARY = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.fmod.Tensor, aten.atan2.default}
-COMPARISONS = {op for op, f in BINARY.items() if any(s in f for s in ("==", "!=", "<", ">", "&&", "||"))}
+#: Binary ops whose operands are compared in their promoted dtype (the result is bool).
+COMPARISON_NAMES = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
+COMPARISONS = {op for op, name in BINARY.items() if name in COMPARISON_NAMES}
 
 #: Ops that only re-type or copy their input: identity in a kernel.
 COPIES = {

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from aotpack.package import read_manifest, read_members
-from aotpack.tiling import kernel_key
+from aotpack.backends.base import kernel_key
 from conftest import SAMPLES, assert_native_parity
 
 SAMPLE_FILES = ["mlp.py", "transformer_block.py"]

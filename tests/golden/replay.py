@@ -38,15 +38,16 @@ def generate(model: str) -> dict[str, str]:
 
     from aotpack import cpp_wrapper
     from aotpack.export import export_model, load_model_file
-    from aotpack.kernel_codegen import render_kernel
+    from aotpack.backends.cpu.formulas import C_TYPES
+    from aotpack.backends.cpu.renderer import render_kernel
+    from aotpack.backends.cpu.tiling import solve
     from aotpack.lowering import lower
     from aotpack.render import render
-    from aotpack.tiling import solve
 
-    graph = lower(export_model(load_model_file(REPO / model)))
+    graph = lower(export_model(load_model_file(REPO / model)), frozenset(C_TYPES))
     sources, unique, art_of = {}, {}, {}
     for kernel in graph.kernels:
-        candidates = solve(kernel, kernel.has_reduction, DEVICE_LIMIT)
+        candidates = solve(kernel, DEVICE_LIMIT)
         kernel_sources = tuple(render_kernel(kernel, t) for t in candidates)
         wrapper = render("cpu_wrapper.cpp.j2", candidates=candidates)
         key = (kernel_sources, wrapper)

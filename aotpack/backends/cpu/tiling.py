@@ -7,26 +7,26 @@ A candidate is the seed's triple ``(tiling_repr, workspace, block_dim)``:
 * ``tiling_repr`` – canonical text of every knob, so equal tilings give equal text;
 * ``workspace`` – scratch bytes; CPU kernels keep partial results in registers, so 0.
 
-``kernel_key = md5(f"{tiling_repr}|{workspace}|{block_dim}")`` (seed: get_kernel_hash).
+``kernel_key = md5(f"{tiling_repr}|{workspace}|{block_dim}")`` (``backends.base.kernel_key``).
 Candidate 0 is always the heuristic default; the rest vary one knob at a time
 around it, nearest first, so trimming to TopN keeps the most plausible ones.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
+from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
-from aotpack.ir import FusedKernel
+from aotpack.kernel_ir import FusedKernel
 
 #: Below this many elements per kernel a parallel region costs more than it saves
-#: (an empty 2-thread OpenMP region is ~0.8 us here; see DESIGN.md §7).
+#: (an empty 2-thread OpenMP region costs ~0.8 us on a 2-core host).
 PARALLEL_MIN_ELEMENTS = 16384
 
 
 @dataclass(frozen=True)
-class Tiling:
+class Tiling(Candidate):
     """Knobs of one CPU static kernel.
 
     block_dim: OpenMP threads. inner_tile: elements of the innermost dimension per
@@ -45,26 +45,11 @@ class Tiling:
     workspace: int = 0
 
     @property
-    def repr(self) -> str:
+    def tiling_repr(self) -> str:
         """``tiling_repr``: every knob, canonical (equal tilings give equal text)."""
         text = (f"cpu;block_dim={self.block_dim};inner_tile={self.inner_tile};"
                 f"simdlen={self.simdlen};chunk={self.chunk}")
         return text + (f";row_block={self.row_block}" if self.row_block else "")
-
-    @property
-    def optimize_tiling(self) -> str:
-        """Content of the ``optimize_tiling`` file: ``tiling_repr|workspace|block_dim``."""
-        return f"{self.repr}|{self.workspace}|{self.block_dim}"
-
-    @property
-    def kernel_key(self) -> str:
-        """``md5(tiling_repr|workspace|block_dim)``."""
-        return kernel_key(self.repr, self.workspace, self.block_dim)
-
-
-def kernel_key(tiling_repr: str, workspace: int, block_dim: int) -> str:
-    """``md5(f"{tiling_repr}|{workspace}|{block_dim}")`` as 32 hex digits."""
-    return hashlib.md5(f"{tiling_repr}|{workspace}|{block_dim}".encode()).hexdigest()
 
 
 def _default_block_dim(numel: int, parallel_items: int, device_limit: int) -> int:
@@ -73,14 +58,15 @@ def _default_block_dim(numel: int, parallel_items: int, device_limit: int) -> in
     return max(1, min(device_limit, parallel_items))
 
 
-def solve(kernel: FusedKernel, reduces: bool, device_limit: int, count: int = MAX_TOPN) -> list[Tiling]:
+def solve(kernel: FusedKernel, device_limit: int, count: int = MAX_TOPN) -> list[Tiling]:
     """Candidate tilings for ``kernel``, default first, at most ``count``.
 
     Args:
-        kernel: the fused kernel (its domain is ``outer_shape x inner_size``).
-        reduces: whether the kernel computes a reduction per row (rows stay whole).
+        kernel: the fused kernel (its domain is ``outer_shape x inner_size``); rows stay
+            whole when it computes a reduction.
         device_limit: cores available to kernels; every block_dim <= it.
     """
+    reduces = kernel.has_reduction
     rows = math.prod(kernel.outer_shape)
     cols = kernel.inner_size
     numel = rows * cols
@@ -89,7 +75,7 @@ def solve(kernel: FusedKernel, reduces: bool, device_limit: int, count: int = MA
     items = rows * -(-cols // default_tile)
     block = _default_block_dim(numel, items, device_limit)
     default = Tiling(block, default_tile, 0, 0)
-    transposing = kernel.body.strided_inner and not reduces and rows >= 16 and cols >= 16
+    transposing = kernel.access.strided and not reduces and rows >= 16 and cols >= 16
     if transposing:  # blocked loop order: strided reads reuse cache lines across rows
         default = Tiling(block, min(cols, 32), 0, 0, row_block=16)
     options = [default]
@@ -107,7 +93,7 @@ def solve(kernel: FusedKernel, reduces: bool, device_limit: int, count: int = MA
     options += [Tiling(b, default_tile, 16, 0) for b in other_blocks]
     unique, seen = [], set()
     for option in options:
-        if option.repr not in seen:
-            seen.add(option.repr)
+        if option.tiling_repr not in seen:
+            seen.add(option.tiling_repr)
             unique.append(option)
     return unique[:min(count, MAX_TOPN)]

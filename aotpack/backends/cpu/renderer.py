@@ -1,8 +1,8 @@
-"""Render one fused kernel with one tiling into C++ source (the CPU static kernel).
+"""The CPU renderer: one fused kernel (``kernel_ir``) with one tiling -> C++ source.
 
 Every shape, stride and tiling parameter is a compile-time constant. The loop frame
-comes from ``templates/cpu_kernel.cpp.j2``; this module emits the loop bodies by
-calling the lazy values' ``load`` with a ``KernelContext`` (see ``ir``).
+comes from ``templates/cpu_kernel.cpp.j2``; this module turns the kernel's expression
+DAG into the loop bodies (``KernelWriter``), with the formulas of ``formulas``.
 
 Iteration domain: ``rows = prod(outer_shape)`` rows of ``inner_size`` elements.
 A kernel that reduces computes each reduction once per row, in a loop of its own
@@ -10,28 +10,21 @@ before the row's write loop (softmax/layer_norm become one row kernel).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
 
 import torch
 
-from aotpack.ir import (
-    C_TYPES, Buffer, FusedKernel, Index, Reduction, contiguous_strides, flat_index, unflatten_index,
-)
+from aotpack.backends.cpu.formulas import C_TYPES, formula, literal
+from aotpack.index import contiguous_strides
+from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce, row_vars
 from aotpack.render import render
 
 
 #: Placeholder in a frozen body where a tiling's ``simdlen`` clause goes.
 SIMDLEN_MARK = "@SIMDLEN@"
-
-
-class NeedsRealize(Exception):
-    """A reduction is read at a row other than the kernel's own: it needs a buffer."""
-
-    def __init__(self, reduction: Reduction):
-        super().__init__("reduction read across rows")
-        self.reduction = reduction
 
 
 REDUCTION_CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
@@ -67,30 +60,25 @@ class _Block:
         self.cse: dict[str, str] = {}
 
 
-class KernelContext:
-    """Collects the code of one kernel while lazy values emit into it.
+class KernelWriter:
+    """Collects the C++ of one kernel while rendering its expressions.
 
-    ``load``/``emit`` return C variable names; expressions are common-subexpression
-    eliminated within the enclosing blocks. An expression that does not depend on the
-    inner loop variable ``j`` is hoisted into ``row_lines``: it runs once per row,
-    after the reductions it reads (they are emitted there in dependency order).
+    ``value`` returns the C++ variable (or inline literal) of a node; expressions are
+    common-subexpression eliminated within the enclosing blocks. An expression that
+    does not depend on the inner loop variable ``j`` is hoisted into ``row_lines``: it
+    runs once per row, after the reductions it reads (emitted there in dependency order).
     """
 
     def __init__(self, kernel: FusedKernel):
         self.kernel = kernel
-        self.args: dict[int, tuple[str, Buffer]] = {}
+        self.arg_names = {id(buf): f"in{k}" for k, buf in enumerate(kernel.inputs)}
         self.counter = 0
         self.row_block = _Block()
         self.stack = [self.row_block]
-        self.reductions: dict[int, str] = {}
+        self.reductions: dict[Reduce, str] = {}
         self.reduction_count = 0
         self.row_lines: list[str] = []
         self.depends_on_j: set[str] = {"j"}
-        #: some load steps through memory along j (a transposing access)
-        self.strided_inner = False
-        #: d of loads indexing with j // d or j % d: splitting j by d makes them affine
-        self.inner_divisors: set[int] = set()
-        self.outer_vars = [Index.var(f"i{k}", size) for k, size in enumerate(kernel.outer_shape)]
 
     def _new_var(self) -> str:
         self.counter += 1
@@ -112,43 +100,38 @@ class KernelContext:
             self.row_block.cse[expr] = name
         return name
 
-    def arg_name(self, buffer: Buffer) -> str:
-        """Kernel argument (``in<k>``) through which ``buffer`` is read."""
-        key = id(buffer)
-        if key not in self.args:
-            self.args[key] = (f"in{len(self.args)}", buffer)
-        return self.args[key][0]
+    def value(self, node) -> str:
+        """C++ variable (or literal) holding ``node`` at the current loop position."""
+        if isinstance(node, Load):
+            return self.emit(C_TYPES[node.dtype], f"{self.arg_names[id(node.buffer)]}[{node.index.render()}]")
+        if isinstance(node, Const):
+            return literal(node.value, C_TYPES[node.dtype])
+        if isinstance(node, Cast):
+            want = C_TYPES[node.dtype]
+            return self.emit(want, f"static_cast<{want}>({self.value(node.source)})")
+        if isinstance(node, Op):
+            names = [self.value(arg) for arg in node.args]
+            ctype = C_TYPES[node.dtype]
+            text = formula(node.name, node.params, node.dtype, C_TYPES[node.args[-1].dtype]).format(*names)
+            return self.emit(ctype, f"static_cast<{ctype}>({text})" if node.convert else text)
+        return self.reduction(node)
 
-    def load(self, buffer: Buffer, offset: Index) -> str:
-        """Read ``buffer[offset]`` (offset in elements); notes non-unit strides along j."""
-        if offset.coefficient("j") not in (0, 1):
-            self.strided_inner = True
-        j = Index.var("j", self.kernel.inner_size)
-        for atom in offset.divisions():
-            if "j" in atom.operand.variables():
-                self.strided_inner = True
-                if atom.operand == j:
-                    self.inner_divisors.add(atom.divisor)
-        return self.emit(C_TYPES[buffer.dtype], f"{self.arg_name(buffer)}[{offset.render()}]")
-
-    def reduction(self, red: Reduction, outer: list[Index]) -> str:
+    def reduction(self, red: Reduce) -> str:
         """Variable holding ``red`` for this row; computes it first if needed."""
-        if tuple(red.outer_shape) != tuple(self.kernel.outer_shape) or outer != self.outer_vars:
-            raise NeedsRealize(red)
-        if id(red) in self.reductions:
-            return self.reductions[id(red)]
+        if red in self.reductions:
+            return self.reductions[red]
         number = self.reduction_count
         self.reduction_count += 1  # before recursing: a nested reduction needs its own name
         saved, block = self.stack, _Block()
         self.stack = [self.row_block, block]
-        value = red.source.load(self, self.outer_vars + [Index.var("j", red.reduce_size)])
+        value = self.value(red.source)
         self.stack = saved
         self.row_lines.extend(self._reduction_loop(red, number, block.lines, value))
         result = f"red{number}"
-        self.reductions[id(red)] = result
+        self.reductions[red] = result
         return result
 
-    def _reduction_loop(self, red: Reduction, number: int, body: list[str], value: str) -> list[str]:
+    def _reduction_loop(self, red: Reduce, number: int, body: list[str], value: str) -> list[str]:
         ctype = C_TYPES[red.dtype]
         acc_type, init = _accumulator(red.kind, red.dtype)
         acc, nan = f"acc{number}", f"nan{number}"
@@ -160,7 +143,7 @@ class KernelContext:
             lines.append(f"int {nan} = 0;")
             clauses += f" reduction(|:{nan})"
         lines += [f"#pragma omp simd {clauses}{SIMDLEN_MARK}",
-                  f"for (int64_t j = 0; j < {red.reduce_size}; ++j) {{"]
+                  f"for (int64_t j = 0; j < {red.size}; ++j) {{"]
         lines += ["  " + line for line in body]
         cast = f"static_cast<{acc_type}>({value})"
         lines.append("  " + REDUCTION_COMBINE[red.kind].format(acc=acc, v=cast))
@@ -178,53 +161,38 @@ class KernelContext:
 
 @dataclass(frozen=True)
 class KernelBody:
-    """Generated pieces of one kernel for the template."""
+    """Generated pieces of one kernel for the template (tiling-independent)."""
 
     args: list  # (c_name, ctype, is_output)
     row_lines: list[str]  # per row, before the write loop: reductions, hoisted values
     write_lines: list[str]
     write_is_row: bool
     has_reduction: bool
-    strided_inner: bool = False  # a load is not unit-stride along j: loop order matters
-    inner_divisors: tuple = ()  # d such that a load reads j // d or j % d
 
 
+@functools.lru_cache(maxsize=256)
 def build_body(kernel: FusedKernel) -> KernelBody:
-    """Emit the loads, math and stores of ``kernel`` (tiling-independent).
-
-    Lowering calls this once, when the kernel is created, and keeps the result in
-    ``kernel.body``: a lazy value realised later must not change what it reads.
-
-    Raises:
-        NeedsRealize: a reduction is read at another row; the caller gives it a buffer.
-    """
-    ctx = KernelContext(kernel)
+    """Emit the loads, math and stores of ``kernel`` (the same for every tiling)."""
+    ctx = KernelWriter(kernel)
     write = _Block()
     ctx.stack = [ctx.row_block, write]
     write_is_row = True
     stores = []
-    for out, value in zip(kernel.outputs, kernel.values):
-        if isinstance(value, Reduction):  # the kernel's own reduction (bypass .realized)
-            var = ctx.reduction(value, ctx.outer_vars)
-            stores.append(f"out{len(stores)}[r] = {var};")
+    for k, (out, expr) in enumerate(zip(kernel.outputs, kernel.exprs)):
+        var = ctx.value(expr)
+        if k in kernel.row_outputs:  # written once per row (a reduction result)
+            stores.append(f"out{k}[r] = {var};")
             write_is_row = False
         else:
-            # the domain may refine the value's shape (same elements, row-major)
-            domain = ctx.outer_vars + [Index.var("j", kernel.inner_size)]
-            index = unflatten_index(flat_index(domain, kernel.outer_shape + (kernel.inner_size,)), value.shape)
-            var = value.fn(ctx, index)
-            ctype = C_TYPES[out.dtype]
-            stores.append(f"out{len(stores)}[r * {kernel.inner_size} + j] = static_cast<{ctype}>({var});")
-    args = [(name, C_TYPES[buf.dtype], False) for name, buf in ctx.args.values()]
+            stores.append(f"out{k}[r * {kernel.inner_size} + j] = static_cast<{C_TYPES[out.dtype]}>({var});")
+    args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
     args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
-    kernel.inputs = [buf for _, buf in ctx.args.values()]
-    return KernelBody(args, ctx.row_lines, write.lines + stores, write_is_row, bool(ctx.reductions),
-                      ctx.strided_inner, tuple(sorted(ctx.inner_divisors)))
+    return KernelBody(args, ctx.row_lines, write.lines + stores, write_is_row, bool(ctx.reductions))
 
 
 def render_kernel(kernel: FusedKernel, tiling) -> str:
-    """C++ source of ``kernel`` compiled with ``tiling`` (a ``tiling.Tiling``)."""
-    body = kernel.body
+    """C++ source of ``kernel`` compiled with ``tiling`` (a CPU ``Tiling``)."""
+    body = build_body(kernel)
     clause = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
     row_lines = [line.replace(SIMDLEN_MARK, clause) for line in body.row_lines]
     rows = math.prod(kernel.outer_shape)
@@ -240,5 +208,5 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         "cpu_kernel.cpp.j2",
         body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
-        chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.repr,
+        chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr,
     )

@@ -1,0 +1,122 @@
+"""The CPU renderer's formula table: kernel IR op name -> C++ expression.
+
+Formulas take operand variable names ``{0}``, ``{1}``, ... (already of the op's compute
+type); ``{t}`` is that type's C++ name and ``{p0}`` the op's first scalar parameter as
+a literal. Helpers named ``ap_*`` live in ``templates/cpu_math.h.j2``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: dtypes CPU kernels compute in, with their C++ type.
+C_TYPES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.int64: "int64_t",
+    torch.int32: "int32_t",
+    torch.int16: "int16_t",
+    torch.int8: "int8_t",
+    torch.uint8: "uint8_t",
+    torch.bool: "bool",
+}
+
+FORMULAS = {
+    "neg": "-{0}",
+    "relu": "ap_relu({0})",
+    "abs": "std::abs({0})",
+    "exp": "std::exp({0})",
+    "exp2": "std::exp2({0})",
+    "expm1": "std::expm1({0})",
+    "log": "std::log({0})",
+    "log2": "std::log2({0})",
+    "log1p": "std::log1p({0})",
+    "sqrt": "std::sqrt({0})",
+    "rsqrt": "ap_rsqrt({0})",
+    "reciprocal": "ap_reciprocal({0})",
+    "sigmoid": "ap_sigmoid({0})",
+    "tanh": "std::tanh({0})",
+    "erf": "std::erf({0})",
+    "sin": "std::sin({0})",
+    "cos": "std::cos({0})",
+    "floor": "std::floor({0})",
+    "ceil": "std::ceil({0})",
+    "round": "std::nearbyint({0})",
+    "trunc": "std::trunc({0})",
+    "sign": "ap_sign({0})",
+    "logical_not": "!{0}",
+    "bitwise_not": "~{0}",
+    "isnan": "({0} != {0})",
+    "silu": "({0} * ap_sigmoid({0}))",
+    "add": "({0} + {1})",
+    "sub": "({0} - {1})",
+    "mul": "({0} * {1})",
+    "div": "({0} / {1})",
+    "pow": "ap_pow({0}, {1})",
+    "maximum": "ap_max({0}, {1})",
+    "minimum": "ap_min({0}, {1})",
+    "fmod": "std::fmod({0}, {1})",
+    "atan2": "std::atan2({0}, {1})",
+    "eq": "({0} == {1})",
+    "ne": "({0} != {1})",
+    "lt": "({0} < {1})",
+    "le": "({0} <= {1})",
+    "gt": "({0} > {1})",
+    "ge": "({0} >= {1})",
+    "logical_and": "({0} && {1})",
+    "logical_or": "({0} || {1})",
+    "bitwise_and": "({0} & {1})",
+    "bitwise_or": "({0} | {1})",
+    "bitwise_xor": "({0} ^ {1})",
+    "square": "({0} * {0})",
+    "cube": "({0} * {0} * {0})",
+    "reciprocal_square": "ap_reciprocal({0} * {0})",
+    "identity": "{0}",
+    "where": "({0} ? {1} : {2})",
+    "ne_zero": "({0} != 0)",
+    "gelu": "({0} * static_cast<{t}>(0.5) * (static_cast<{t}>(1) + std::erf({0} * static_cast<{t}>(0.7071067811865476))))",
+    "rsqrt_eps": "ap_rsqrt({0} + {p0})",
+    "normalize": "(({0} - {1}) * {2})",
+}
+
+#: C++'s % truncates toward zero like fmod; x % 0 is undefined, torch gives x - x.
+INTEGER_FMOD = "({1} == 0 ? {0} - {0} : {0} % {1})"
+
+
+def literal(value, ctype: str) -> str:
+    """A Python scalar as a C++ expression of type ``ctype`` (NaN and inf included)."""
+    if isinstance(value, bool):
+        return f"static_cast<{ctype}>({'true' if value else 'false'})"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if math.isinf(value):
+            sign = "-" if value < 0 else ""
+            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+        return f"static_cast<{ctype}>({value!r})"
+    return f"static_cast<{ctype}>({int(value)}LL)"
+
+
+def formula(name: str, params: tuple, dtype: torch.dtype, operand_ctype: str) -> str:
+    """The C++ template of IR op ``name`` with ``params``, result dtype ``dtype``.
+
+    Raises:
+        KeyError: an op the CPU backend cannot render (a lowering/backend mismatch).
+    """
+    if name in ("add", "sub") and params:  # alpha scales the second operand
+        text = FORMULAS[name].replace("{1}", f"({{1}} * {literal(params[0], '{t}')})")
+    elif name == "clamp":
+        low, high = params
+        text = "{0}"
+        if low is not None:
+            text = f"ap_max({text}, {literal(low, '{t}')})"
+        if high is not None:
+            text = f"ap_min({text}, {literal(high, '{t}')})"
+    elif name == "fmod" and not dtype.is_floating_point:
+        text = INTEGER_FMOD
+    else:
+        text = FORMULAS[name]
+        if params:
+            text = text.replace("{p0}", literal(params[0], "{t}"))
+    return text.replace("{t}", operand_ctype)

@@ -1,0 +1,293 @@
+"""The fused-kernel IR: a small, printable, backend-neutral expression DAG.
+
+Lowering builds, for every fused kernel, one expression per output over the kernel's
+iteration domain ``outer_shape x (inner_size,)``: loop variables ``i0, i1, ...`` for
+the rows and ``j`` for the inner dimension. Nodes:
+
+* ``Load(buffer, index)`` – element ``index`` (an ``ir.Index``, in elements) of a buffer;
+* ``Const(value, dtype)`` – a scalar literal;
+* ``Cast(source, dtype)`` – a conversion;
+* ``Op(name, args, dtype, params, convert)`` – a pointwise op named as in ``ops.OP_NAMES``
+  (``add``, ``exp``, ``where``, ...); ``params`` are scalar attributes (an ``add``'s
+  alpha, clamp bounds); ``convert`` says the result is converted to ``dtype`` (the op
+  of a torch node) rather than already being of it (arithmetic lowering adds inside one
+  node, e.g. var_mean's deviation);
+* ``Reduce(kind, source, size, rows, row_shape, dtype, scale)`` – ``kind`` in
+  ``sum|max|min|prod`` of ``source`` over ``j`` in ``range(size)``, read at row index
+  ``rows`` (the reduction's own row variables when it is computed in this kernel).
+
+Nodes are frozen and compare structurally (a ``Load`` compares its buffer by identity),
+so equal subexpressions are equal values. The analyses a backend and the fuser need —
+which reductions are read at another kernel's rows, which loads stride along ``j`` — are
+functions of the IR here, not side effects of rendering. How a node becomes code is
+each backend's business (``aotpack/backends/<name>/``).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Union
+
+import torch
+
+from aotpack.index import Index
+
+if TYPE_CHECKING:
+    from aotpack.ir import Buffer
+
+
+@dataclass(frozen=True)
+class Load:
+    """``buffer[index]``: ``index`` is the element offset (strides already applied)."""
+
+    buffer: "Buffer"
+    index: Index
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The buffer's dtype."""
+        return self.buffer.dtype
+
+
+@dataclass(frozen=True)
+class Const:
+    """A scalar literal (bool, int or float, NaN and inf included) of ``dtype``."""
+
+    value: object
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Cast:
+    """``source`` converted to ``dtype`` (C-style value conversion, as torch's ``to``)."""
+
+    source: "Expr"
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Op:
+    """Pointwise op ``name`` on ``args`` (already of the op's compute dtype).
+
+    ``dtype`` is the result dtype; ``params`` are scalar attributes; ``convert`` is True
+    for an op of the model (its result is converted to ``dtype``, as torch returns it).
+    """
+
+    name: str
+    args: tuple
+    dtype: torch.dtype
+    params: tuple = ()
+    convert: bool = True
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """``kind``-reduction of ``source`` over ``j < size``, times ``scale`` (1/N for mean).
+
+    ``rows`` is the row index the value is read at and ``row_shape`` the reduction's
+    own rows; it can be computed inside a kernel only when those are the kernel's rows.
+    ``origin`` (not part of the value) is the lowering's lazy value, so the fuser can
+    give it a buffer when it is read across rows.
+    """
+
+    kind: str
+    source: "Expr"
+    size: int
+    rows: tuple
+    row_shape: tuple
+    dtype: torch.dtype
+    scale: float = 1.0
+    origin: object = field(default=None, compare=False, repr=False)
+
+
+Expr = Union[Load, Const, Cast, Op, Reduce]
+
+
+def children(expr: Expr) -> tuple:
+    """Operand nodes of ``expr``, in evaluation order."""
+    if isinstance(expr, Cast):
+        return (expr.source,)
+    if isinstance(expr, Op):
+        return expr.args
+    if isinstance(expr, Reduce):
+        return (expr.source,)
+    return ()
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Every node of ``expr``, depth first, parents before operands, left to right."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
+
+
+def row_vars(outer_shape: tuple) -> list[Index]:
+    """Row loop variables ``i0, i1, ...`` of a domain with rows ``outer_shape``."""
+    return [Index.var(f"i{k}", size) for k, size in enumerate(outer_shape)]
+
+
+def inner_var(size: int) -> Index:
+    """The inner loop variable ``j`` over ``range(size)``."""
+    return Index.var("j", size)
+
+
+# ----------------------------------------------------------------------------- analyses
+
+
+def foreign_reduction(exprs, outer_shape: tuple) -> Reduce | None:
+    """The first reduction (in evaluation order) read at rows other than its own.
+
+    Such a reduction cannot be computed inside a kernel over ``outer_shape``: each
+    kernel row would need another row's result, so it gets a buffer of its own.
+    """
+    own = row_vars(tuple(outer_shape))
+    for expr in exprs:
+        for node in walk(expr):
+            if isinstance(node, Reduce) and (tuple(node.row_shape) != tuple(outer_shape)
+                                             or list(node.rows) != own):
+                return node
+    return None
+
+
+@dataclass(frozen=True)
+class InnerAccess:
+    """How the kernel's loads step along ``j`` (what the tiling solver and domain choice use).
+
+    strided: some load is not unit-stride along ``j`` (a transposing access: loop order
+    matters). divisors: ``d`` of loads indexing with ``j // d`` or ``j % d`` (splitting
+    ``j`` by ``d`` makes them affine).
+    """
+
+    strided: bool
+    divisors: tuple
+
+
+def inner_access(exprs, inner_size: int) -> InnerAccess:
+    """Scan every ``Load`` of ``exprs`` for its stride along ``j``."""
+    strided, divisors = False, set()
+    j = inner_var(inner_size)
+    for expr in exprs:
+        for node in walk(expr):
+            if not isinstance(node, Load):
+                continue
+            if node.index.coefficient("j") not in (0, 1):
+                strided = True
+            for atom in node.index.divisions():
+                if "j" in atom.operand.variables():
+                    strided = True
+                    if atom.operand == j:
+                        divisors.add(atom.divisor)
+    return InnerAccess(strided, tuple(sorted(divisors)))
+
+
+def input_buffers(exprs) -> list[Buffer]:
+    """Buffers the expressions load, in first-use (evaluation) order."""
+    found: list[Buffer] = []
+    for expr in exprs:
+        for node in walk(expr):
+            if isinstance(node, Load) and all(node.buffer is not b for b in found):
+                found.append(node.buffer)
+    return found
+
+
+def has_reduce(exprs) -> bool:
+    """Whether any reduction is computed in the expressions."""
+    return any(isinstance(node, Reduce) for expr in exprs for node in walk(expr))
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True, eq=False)
+class FusedKernel:
+    """One fused kernel, frozen after lowering.
+
+    Iteration domain ``outer_shape x (inner_size,)``; ``exprs[k]`` is the value of
+    ``outputs[k]`` (a contiguous buffer) at row ``(i0, ...)`` and column ``j``, or, for
+    a reduction output of shape ``outer_shape`` (+ kept 1s), once per row. ``inputs``
+    are the loaded buffers in first-use order. ``kernel_id`` is a content hash of the
+    printed IR with positional buffer names: equal kernels (repeated layers) share it.
+    """
+
+    name: str  # unique in the model, e.g. fused_exp_sub_3
+    base_name: str  # name without the ordinal (the cache folder), e.g. fused_exp_sub
+    outer_shape: tuple
+    inner_size: int
+    inputs: tuple
+    outputs: tuple
+    exprs: tuple
+    access: InnerAccess = InnerAccess(False, ())
+    has_reduction: bool = False
+    row_outputs: tuple = ()  # indices of outputs written once per row (reduction results)
+
+    @property
+    def rows(self) -> int:
+        """Number of rows, ``prod(outer_shape)``."""
+        return math.prod(self.outer_shape)
+
+    @property
+    def kernel_id(self) -> str:
+        """sha256 (24 hex digits) of the printed IR, buffer names positional."""
+        body = self.format(with_name=False)
+        return hashlib.sha256(body.encode()).hexdigest()[:24]
+
+    def format(self, with_name: bool = True) -> str:
+        """The kernel as text: signature, then one SSA line per distinct node."""
+        names = {id(b): f"in{k}" for k, b in enumerate(self.inputs)}
+        domain = ", ".join([f"i{k}<{s}" for k, s in enumerate(self.outer_shape)] + [f"j<{self.inner_size}"])
+        head = f"kernel {self.name}" if with_name else "kernel"
+        lines = [f"{head} [{domain}]"]
+        for k, b in enumerate(self.inputs):
+            lines.append(f"  in{k}: {_dtype_name(b.dtype)}{list(b.shape)} strides {list(b.strides)}")
+        printer = _Printer(names)
+        for k, (out, expr) in enumerate(zip(self.outputs, self.exprs)):
+            result = printer.node(expr)
+            lines.extend(printer.flush())
+            per_row = " per row" if k in self.row_outputs else ""
+            lines.append(f"  out{k}: {_dtype_name(out.dtype)}{list(out.shape)}{per_row} = {result}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+class _Printer:
+    """Numbers distinct nodes ``%1, %2, ...`` in evaluation order."""
+
+    def __init__(self, buffer_names: dict[int, str]):
+        self.buffer_names = buffer_names
+        self.numbers: dict = {}
+        self.pending: list[str] = []
+
+    def flush(self) -> list[str]:
+        lines, self.pending = self.pending, []
+        return lines
+
+    def node(self, expr: Expr) -> str:
+        if isinstance(expr, Const):
+            return f"{expr.value!r}:{_dtype_name(expr.dtype)}"
+        if expr in self.numbers:
+            return self.numbers[expr]
+        if isinstance(expr, Load):
+            text = f"load {self.buffer_names[id(expr.buffer)]}[{expr.index.render()}]"
+        elif isinstance(expr, Cast):
+            text = f"cast {self.node(expr.source)}"
+        elif isinstance(expr, Op):
+            params = f" {{{', '.join(map(repr, expr.params))}}}" if expr.params else ""
+            args = ", ".join(self.node(a) for a in expr.args)
+            text = f"{expr.name}{'' if expr.convert else '.raw'}({args}){params}"
+        else:
+            rows = ", ".join(r.render() for r in expr.rows)
+            scale = f" * {expr.scale!r}" if expr.scale != 1.0 else ""
+            text = f"reduce_{expr.kind}[j<{expr.size}, rows ({rows})]({self.node(expr.source)}){scale}"
+        number = f"%{len(self.numbers) + 1}"
+        self.numbers[expr] = number
+        self.pending.append(f"  {number}: {_dtype_name(expr.dtype)} = {text}")
+        return number
