@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
-from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity, runtime, verify
+from aotpack import autotune, compile as compile_stage, cpp_wrapper, layout, package, parity, runtime, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model_file
@@ -85,10 +85,10 @@ def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
         })
         kernel_dir = art.kernel_dir(win)
         files[lit.lib_kernel] = (kernel_dir / "kernel.so").read_bytes()
-        files[lit.lib_kernel.replace("kernel.so", "kernel.cpp")] = (kernel_dir / "kernel.cpp").read_bytes()
+        files[layout.lib_kernel_source_path(lit.name, lit.kernel_key)] = (kernel_dir / "kernel.cpp").read_bytes()
         files[lit.wrapper] = art.wrapper_path.read_bytes()
-        files[f"{lit.kernel_dir}/wrapper.cpp"] = (art.directory / "wrapper.cpp").read_bytes()
-        files[f"{lit.kernel_dir}/optimize_tiling"] = (win.optimize_tiling + "\n").encode()
+        files[layout.wrapper_source_path(lit.name)] = (art.directory / "wrapper.cpp").read_bytes()
+        files[layout.optimize_tiling_path(lit.name)] = (win.optimize_tiling + "\n").encode()
     return entries, files
 
 
@@ -194,18 +194,18 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     source = cpp_wrapper.generate(graph, arts, art_of, meta)
     with tempfile.TemporaryDirectory(prefix="aotpack-model-") as work:
         model_so, seconds["compile_model_so"] = cpp_wrapper.compile_model(source, Path(work))
-        files = {package.MODEL_LIBRARY: model_so.read_bytes(), package.MODEL_SOURCE: source.encode()}
+        files = {layout.MODEL_LIBRARY_PATH: model_so.read_bytes(), layout.MODEL_SOURCE_PATH: source.encode()}
     constants = {b.name: graph.constant_tensors[b.name] for b in graph.constants}
-    files[package.WEIGHTS] = safetensors.torch.save(constants) if constants else safetensors.torch.save({})
+    files[layout.WEIGHTS_PATH] = safetensors.torch.save(constants) if constants else safetensors.torch.save({})
     entries, kernel_files = _kernel_entries(arts)
     files.update(kernel_files)
     if selftest:
         files.update(verify.selftest_files(model_file.example_inputs, reference, output_names))
     manifest = {
-        "format_version": package.FORMAT_VERSION, "name": name, "version": version,
+        "format_version": layout.FORMAT_VERSION, "name": name, "version": version,
         "aotpack_version": aotpack.__version__, "torch_version": torch.__version__.split("+")[0],
         "backend": "cpu", "target_isa": isa, "device_limit": settings.device_limit,
-        "model": {"library": package.MODEL_LIBRARY, "source": package.MODEL_SOURCE,
+        "model": {"library": layout.MODEL_LIBRARY_PATH, "source": layout.MODEL_SOURCE_PATH,
                   "abi_version": cpp_wrapper.MODEL_ABI_VERSION},
         "constants": _signature(graph.constants, [b.name for b in graph.constants]),
         "inputs": _signature(graph.inputs, [b.name for b in graph.inputs]),
@@ -215,7 +215,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         "kernels": entries,
     }
     if selftest:
-        manifest["selftest"] = {"inputs": verify.SELFTEST_INPUTS, "outputs": verify.SELFTEST_OUTPUTS,
+        manifest["selftest"] = {"inputs": layout.SELFTEST_INPUTS_PATH, "outputs": layout.SELFTEST_OUTPUTS_PATH,
                                 "atol": parity.ATOL, "rtol": parity.RTOL}
     tic = time.perf_counter()
     package.write_archive(target, manifest, files,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from aotpack import layout
 from aotpack.compile import CXX, compile_so, write_atomic
 from aotpack.errors import AotpackError
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
@@ -57,10 +58,9 @@ class KernelLiteral:
 
 def kernel_literal(art) -> KernelLiteral:
     """Archive paths and winning kernel_key of one kernel (``compile.KernelArtifacts``)."""
-    folder = f"kernels/{art.kernel.name}"
-    key = art.winner.kernel_key
-    return KernelLiteral(art.kernel.name, f"{folder}/wrapper.so", folder,
-                         f"{folder}/static_kernel/{key}/kernel.so", key)
+    name, key = art.kernel.name, art.winner.kernel_key
+    return KernelLiteral(name, layout.wrapper_path(name), layout.kernel_dir(name),
+                         layout.lib_kernel_path(name, key), key)
 
 
 def _dims(values) -> str:

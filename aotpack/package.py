@@ -1,7 +1,8 @@
 """Stage: bundle the winners, model.so, weights and manifest into a ``.aotpack``.
 
-Format: docs/archive.md (format_version 1) — a zstd-compressed tar, manifest first,
-entries sorted, fixed owners, modes and mtimes, so equal inputs give equal bytes.
+Format: docs/archive.md (format_version 1; paths in ``aotpack.layout``) — a
+zstd-compressed tar, manifest first, entries sorted, fixed owners, modes and mtimes, so
+equal inputs give equal bytes.
 The archive is written to a temp file beside the target and renamed into place.
 """
 from __future__ import annotations
@@ -18,12 +19,8 @@ from typing import Callable
 import zstandard
 
 from aotpack.errors import AotpackError
+from aotpack.layout import MANIFEST_PATH
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-MODEL_LIBRARY = "model/model.so"
-MODEL_SOURCE = "model/model.cpp"
-WEIGHTS = "weights/weights.safetensors"
 ZSTD_LEVEL = 19
 
 
@@ -61,7 +58,7 @@ def write_archive(target: Path, manifest: dict, files: dict[str, bytes],
     manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add(tar, MANIFEST, manifest_bytes)
+        _add(tar, MANIFEST_PATH, manifest_bytes)
         for path in sorted(files):
             _add(tar, path, files[path])
     compressed = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(raw.getvalue())
@@ -112,11 +109,11 @@ def read_members(archive: Path) -> dict[str, bytes]:
 
 def _parse_manifest(archive: Path, data: bytes | None) -> dict:
     if data is None:
-        raise AotpackError(f"{archive} has no {MANIFEST}; it was not written by aotpack")
+        raise AotpackError(f"{archive} has no {MANIFEST_PATH}; it was not written by aotpack")
     try:
         return json.loads(data)
     except ValueError as exc:
-        raise AotpackError(f"{archive}: {MANIFEST} is not valid JSON: {exc}") from None
+        raise AotpackError(f"{archive}: {MANIFEST_PATH} is not valid JSON: {exc}") from None
 
 
 def read_manifest(archive: Path) -> dict:
@@ -126,7 +123,7 @@ def read_manifest(archive: Path) -> dict:
         AotpackError: unreadable archive, or no valid manifest.json in it.
     """
     for path, data in _members(archive):
-        if path == MANIFEST:
+        if path == MANIFEST_PATH:
             return _parse_manifest(archive, data)
     return _parse_manifest(archive, None)
 
@@ -137,10 +134,10 @@ def verify_files(archive: Path, members: dict[str, bytes] | None = None) -> list
     ``members`` (from ``read_members``) avoids decompressing the archive again.
     """
     members = read_members(archive) if members is None else members
-    manifest = _parse_manifest(archive, members.get(MANIFEST))
+    manifest = _parse_manifest(archive, members.get(MANIFEST_PATH))
     listed = manifest.get("files", {})
     problems = [f"{path}: missing" for path in sorted(set(listed) - set(members))]
-    problems += [f"{path}: not listed in the manifest" for path in sorted(set(members) - set(listed) - {MANIFEST})]
+    problems += [f"{path}: not listed in the manifest" for path in sorted(set(members) - set(listed) - {MANIFEST_PATH})]
     for path, entry in sorted(listed.items()):
         data = members.get(path)
         if data is not None and (len(data) != entry.get("size")

@@ -19,19 +19,17 @@ import safetensors.torch
 
 from aotpack import parity
 from aotpack.errors import AotpackError
+from aotpack.layout import SELFTEST_INPUTS_PATH, SELFTEST_OUTPUTS_PATH
 from aotpack.package import read_manifest, read_members, verify_files
 from aotpack.runtime import find_runtime, run_tensors
-
-SELFTEST_INPUTS = "selftest/inputs.safetensors"
-SELFTEST_OUTPUTS = "selftest/outputs.safetensors"
 
 
 def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
     """Archive entries holding the example inputs and eager outputs (contiguous copies)."""
     return {
-        SELFTEST_INPUTS: safetensors.torch.save(
+        SELFTEST_INPUTS_PATH: safetensors.torch.save(
             {f"input_{i}": t.detach().contiguous().clone() for i, t in enumerate(inputs)}),
-        SELFTEST_OUTPUTS: safetensors.torch.save(
+        SELFTEST_OUTPUTS_PATH: safetensors.torch.save(
             {name: t.detach().contiguous().clone() for name, t in zip(output_names, outputs)}),
     }
 
@@ -57,9 +55,9 @@ def verify(archive: str | Path) -> list[str]:
     if "selftest" not in manifest:
         lines.append("self-test: none stored (build with --selftest to include one)")
         return lines
-    stored = safetensors.torch.load(members[SELFTEST_INPUTS])  # a dict: order by name
+    stored = safetensors.torch.load(members[SELFTEST_INPUTS_PATH])  # a dict: order by name
     inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
-    expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])
+    expected = safetensors.torch.load(members[SELFTEST_OUTPUTS_PATH])
     with tempfile.TemporaryDirectory(prefix="aotpack-verify-") as work:
         outputs, _ = run_tensors(archive, inputs, work)
     names = [o["name"] for o in manifest["outputs"]]

@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import pytest
 
+from aotpack import layout
 from aotpack.package import read_manifest
 from conftest import MODELS, assert_native_parity
 
@@ -41,7 +42,7 @@ def test_inspect_reports_a_modified_file(build_model, tmp_path):
     with tarfile.open(fileobj=io.BytesIO(raw)) as src, tarfile.open(fileobj=out, mode="w") as dst:
         for member in src:
             data = src.extractfile(member).read()
-            if member.name == "model/model.cpp":
+            if member.name == layout.MODEL_SOURCE_PATH:
                 data = data.replace(b"aotpack", b"AOTPACK", 1)
             dst.addfile(member, io.BytesIO(data))
     tampered = tmp_path / "tampered.aotpack"
@@ -49,7 +50,7 @@ def test_inspect_reports_a_modified_file(build_model, tmp_path):
     result = aotpack("inspect", tampered)
     assert result.returncode == 1
     assert result.stdout.splitlines()[-1] == \
-        "  files: 1 problem(s): model/model.cpp: sha256 mismatch (the file was modified)"
+        f"  files: 1 problem(s): {layout.MODEL_SOURCE_PATH}: sha256 mismatch (the file was modified)"
 
 
 @pytest.mark.parametrize("content,message", [
@@ -136,10 +137,10 @@ def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
     manifest = read_manifest(archive)
-    expected = safetensors.torch.load(files["selftest/outputs.safetensors"])
+    expected = safetensors.torch.load(files[layout.SELFTEST_OUTPUTS_PATH])
     expected["logits"] = expected["logits"] + torch.tensor([0, 0, 1.0, 0, 0, 0])
-    files["selftest/outputs.safetensors"] = safetensors.torch.save(expected)
-    del files["manifest.json"], manifest["files"]
+    files[layout.SELFTEST_OUTPUTS_PATH] = safetensors.torch.save(expected)
+    del files[layout.MANIFEST_PATH], manifest["files"]
     resigned = write_archive(tmp_path / "resigned.aotpack", manifest, files)  # checksums consistent
     result = aotpack("verify", resigned)
     assert result.returncode == 1

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aotpack import layout
+
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "native" / "build"
 RUN = BUILD / "aotpack-run"
@@ -169,12 +171,12 @@ def test_usage_error():
 
 def test_tampered_model_refused(fixture, tmp_path):
     files = dict(fixture["files"])
-    so = bytearray(files["model/model.so"])
+    so = bytearray(files[layout.MODEL_LIBRARY_PATH])
     so[len(so) // 2] ^= 0xFF
-    files["model/model.so"] = bytes(so)
+    files[layout.MODEL_LIBRARY_PATH] = bytes(so)
     archive = variant(fixture, tmp_path, files=files, manifest_files=fixture["files"])
     result = run_tool(archive, fixture["x"], tmpdir=tmp_path / "tmp")
-    assert_refused(result, "sha256 mismatch for 'model/model.so'")
+    assert_refused(result, f"sha256 mismatch for '{layout.MODEL_LIBRARY_PATH}'")
     assert list((tmp_path / "tmp").iterdir()) == []  # nothing was extracted
 
 
@@ -191,7 +193,7 @@ def _member(name: str, kind: bytes, **fields) -> tarfile.TarInfo:
     (_member("model/../../evil", tarfile.REGTYPE), "'..' component"),
     (_member("/tmp/evil", tarfile.REGTYPE), "has an absolute path"),
     (_member("model/link.so", tarfile.SYMTYPE, linkname="/etc/passwd"), "is a symbolic link"),
-    (_member("model/hard.so", tarfile.LNKTYPE, linkname="model/model.so"), "is a hard link"),
+    (_member("model/hard.so", tarfile.LNKTYPE, linkname=layout.MODEL_LIBRARY_PATH), "is a hard link"),
     (_member("model/dev", tarfile.CHRTYPE, devmajor=1, devminor=3), "is a device"),
     (_member("model/fifo", tarfile.FIFOTYPE), "is a FIFO"),
 ], ids=["dotdot", "nested-dotdot", "absolute", "symlink", "hardlink", "device", "fifo"])
@@ -210,15 +212,15 @@ def test_unlisted_entry_refused(fixture, tmp_path):
 
 
 def test_missing_file_refused(fixture, tmp_path):
-    files = {k: v for k, v in fixture["files"].items() if k != "model/model.cpp"}
+    files = {k: v for k, v in fixture["files"].items() if k != layout.MODEL_SOURCE_PATH}
     archive = variant(fixture, tmp_path, files=files, manifest_files=fixture["files"])
     assert_refused(run_tool(archive, fixture["x"]),
-                   "file 'model/model.cpp' listed in manifest.json is missing")
+                   f"file '{layout.MODEL_SOURCE_PATH}' listed in {layout.MANIFEST_PATH} is missing")
 
 
 def test_missing_manifest_refused(fixture, tmp_path):
     archive = fx.write_archive(tmp_path / "m.aotpack", None, fixture["files"])
-    assert_refused(run_tool(archive, fixture["x"]), "no 'manifest.json'")
+    assert_refused(run_tool(archive, fixture["x"]), f"no '{layout.MANIFEST_PATH}'")
 
 
 def test_not_an_archive_refused(tmp_path, fixture):
@@ -231,9 +233,10 @@ def test_not_an_archive_refused(tmp_path, fixture):
     ({"target_isa": {"march": "x", "features": ["sse2", "warp9"]}},
      "'warp9' (unknown feature name, treated as unsupported)"),
     ({"torch_version": "1.13.1"}, "built with torch 1.13.1 but this runtime links torch"),
-    ({"format_version": 2}, "format_version 2 is not supported"),
+    ({"format_version": layout.FORMAT_VERSION + 1},
+     f"format_version {layout.FORMAT_VERSION + 1} is not supported"),
     ({"backend": "npu"}, "backend 'npu' is not supported"),
-    ({"model": {"library": "model/model.so", "abi_version": 7}}, "model.abi_version 7"),
+    ({"model": {"library": layout.MODEL_LIBRARY_PATH, "abi_version": 7}}, "model.abi_version 7"),
 ], ids=["cpu-feature", "torch-version", "format-version", "backend", "abi-version"])
 def test_incompatible_manifest_refused(fixture, tmp_path, overrides, needle):
     archive = variant(fixture, tmp_path, **overrides)
@@ -246,7 +249,7 @@ def test_constant_mismatch_refused(fixture, tmp_path):
                  fx.spec("calls", "int64", [1], [1])]
     archive = variant(fixture, tmp_path, constants=constants)
     assert_refused(run_tool(archive, fixture["x"]),
-                   "constant 'w': manifest.json says float32[16, 8], weights/weights.safetensors "
+                   f"constant 'w': {layout.MANIFEST_PATH} says float32[16, 8], {layout.WEIGHTS_PATH} "
                    "holds float32[8, 16]")
 
 

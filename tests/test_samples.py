@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from aotpack import layout
 from aotpack.package import read_manifest, read_members
 from aotpack.backends.base import kernel_key
 from conftest import SAMPLES, assert_native_parity
@@ -41,21 +42,21 @@ def test_archive_ships_exactly_the_winners(build_model, sample, topn):
     members = read_members(archive)
     kernel_sos = sorted(p for p in members if p.endswith("/kernel.so"))
     assert kernel_sos == sorted(k["lib_kernel"] for k in manifest["kernels"])
-    source = members["model/model.cpp"].decode()
+    source = members[layout.MODEL_SOURCE_PATH].decode()
     for k in manifest["kernels"]:
         # kernel_key follows the md5 rule and names the shipped static kernel
         rule = hashlib.md5(f"{k['tiling_repr']}|{k['workspace']}|{k['block_dim']}".encode()).hexdigest()
         assert k["kernel_key"] == rule == kernel_key(k["tiling_repr"], k["workspace"], k["block_dim"])
-        assert k["lib_kernel"] == f"kernels/{k['name']}/static_kernel/{k['kernel_key']}/kernel.so"
+        assert k["lib_kernel"] == layout.lib_kernel_path(k["name"], k["kernel_key"])
         # optimize_tiling holds tiling_repr|workspace|block_dim of the winner
-        optimize = members[f"kernels/{k['name']}/optimize_tiling"].decode().strip()
+        optimize = members[layout.optimize_tiling_path(k["name"])].decode().strip()
         assert optimize == f"{k['tiling_repr']}|{k['workspace']}|{k['block_dim']}"
         # the C++ bakes the same lib_kernel and kernel_key in as literals
         literal = re.search(rf'\{{"{k["name"]}", "[^"]*", "[^"]*", "([^"]*)", "([0-9a-f]{{32}})"\}}', source)
         assert literal and literal.groups() == (k["lib_kernel"], k["kernel_key"])
     assert "ATen/ATen.h" not in source and "#include <ATen" not in source
     # every file is listed with its sha256 and size
-    assert set(manifest["files"]) == set(members) - {"manifest.json"}
+    assert set(manifest["files"]) == set(members) - {layout.MANIFEST_PATH}
     for path, entry in manifest["files"].items():
         assert entry == {"sha256": hashlib.sha256(members[path]).hexdigest(), "size": len(members[path])}
 

@@ -7,7 +7,7 @@
 namespace aotpack::detail {
 
 struct ArchiveEntry {
-  std::string path;  // validated relative path ("model/model.so")
+  std::string path;  // validated relative path (e.g. AOTPACK_MODEL_LIBRARY_PATH)
   std::string data;  // the whole file content
 };
 

@@ -126,7 +126,8 @@ void check_compatibility(const Manifest& manifest) {
          " is not supported (this runtime implements " + std::to_string(AOTPACK_MODEL_ABI_VERSION) +
          ")");
   if (!manifest.files.count(manifest.model_library))
-    fail("model.library '" + manifest.model_library + "' is not in manifest.json 'files'");
+    fail("model.library '" + manifest.model_library +
+         "' is not in " AOTPACK_MANIFEST_PATH " 'files'");
   if (!manifest.files.count(kWeightsPath) && !manifest.constants.empty())
     fail("the manifest lists constants but the archive has no " + std::string(kWeightsPath));
 }

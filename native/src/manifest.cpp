@@ -16,7 +16,7 @@ using nlohmann::json;
 
 // Every accessor takes `where` (the JSON path so far) so errors point at the key.
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
-  fail("manifest.json: " + where + ": " + what);
+  fail(AOTPACK_MANIFEST_PATH ": " + where + ": " + what);
 }
 
 const json& member(const json& obj, const std::string& key, const std::string& where) {
@@ -132,10 +132,10 @@ std::map<std::string, FileRecord> get_files(const json& obj) {
 json parse_json(const std::string& text) {
   try {
     json doc = json::parse(text);
-    if (!doc.is_object()) fail("manifest.json: expected a JSON object at the top level");
+    if (!doc.is_object()) fail(AOTPACK_MANIFEST_PATH ": expected a JSON object at the top level");
     return doc;
   } catch (const json::exception& e) {
-    fail(std::string("manifest.json is not valid JSON: ") + e.what());
+    fail(std::string(AOTPACK_MANIFEST_PATH " is not valid JSON: ") + e.what());
   }
 }
 
@@ -171,16 +171,16 @@ Manifest parse_manifest(const std::string& text) {
 
 void verify_files(const Manifest& manifest, const std::vector<ArchiveEntry>& entries) {
   if (manifest.files.count(kManifestPath))
-    fail("manifest.json lists itself in 'files' (it cannot hold its own checksum)");
+    fail(AOTPACK_MANIFEST_PATH " lists itself in 'files' (it cannot hold its own checksum)");
   size_t listed_present = 0;
   for (const ArchiveEntry& entry : entries) {
     if (entry.path == kManifestPath) continue;
     auto it = manifest.files.find(entry.path);
     if (it == manifest.files.end())
-      fail("entry '" + entry.path + "' is not listed in manifest.json 'files'");
+      fail("entry '" + entry.path + "' is not listed in " AOTPACK_MANIFEST_PATH " 'files'");
     if (entry.data.size() != it->second.size)
       fail("entry '" + entry.path + "' is " + std::to_string(entry.data.size()) +
-           " bytes, manifest.json says " + std::to_string(it->second.size));
+           " bytes, " AOTPACK_MANIFEST_PATH " says " + std::to_string(it->second.size));
     if (sha256_hex(entry.data) != it->second.sha256)
       fail("sha256 mismatch for '" + entry.path + "' (the archive is corrupt or was modified)");
     ++listed_present;
@@ -189,7 +189,8 @@ void verify_files(const Manifest& manifest, const std::vector<ArchiveEntry>& ent
   for (const auto& [path, record] : manifest.files) {
     bool present = std::any_of(entries.begin(), entries.end(),
                                [&](const ArchiveEntry& e) { return e.path == path; });
-    if (!present) fail("file '" + path + "' listed in manifest.json is missing from the archive");
+    if (!present)
+      fail("file '" + path + "' listed in " AOTPACK_MANIFEST_PATH " is missing from the archive");
   }
 }
 

@@ -111,8 +111,9 @@ std::vector<at::Tensor> make_constants(const detail::Manifest& manifest,
       fail("constant '" + spec.name + "' is missing from " + detail::kWeightsPath);
     const detail::SafeTensorView& view = it->second;
     if (view.dtype != spec.dtype || view.shape != spec.shape)
-      fail("constant '" + spec.name + "': manifest.json says " + describe(spec.dtype, spec.shape) +
-           ", " + detail::kWeightsPath + " holds " + describe(view.dtype, view.shape));
+      fail("constant '" + spec.name + "': " AOTPACK_MANIFEST_PATH " says " +
+           describe(spec.dtype, spec.shape) + ", " + detail::kWeightsPath + " holds " +
+           describe(view.dtype, view.shape));
     constants.push_back(tensor_from_bytes(spec, view.data));
   }
   return constants;

@@ -20,6 +20,7 @@
 #include "../src/safetensors.h"
 #include "../src/tempdir.h"
 #include "../src/tensor_handle.h"
+#include "aotpack/archive_layout.h"
 #include "aotpack/runtime.h"
 #include "npy.h"
 
@@ -61,8 +62,9 @@ using aotpack::detail::take_handle;
 // ---- archive paths ----
 
 void test_entry_paths() {
-  aotpack::detail::check_entry_path("model/model.so");
-  aotpack::detail::check_entry_path("kernels/k0/static_kernel/abc/kernel.so");
+  aotpack::detail::check_entry_path(AOTPACK_MODEL_LIBRARY_PATH);
+  aotpack::detail::check_entry_path(AOTPACK_KERNELS_DIR "/k0/" AOTPACK_STATIC_KERNEL_DIR
+                                    "/abc/" AOTPACK_LIB_KERNEL_NAME);
   EXPECT_THROWS(aotpack::detail::check_entry_path("/etc/passwd"), "absolute path");
   EXPECT_THROWS(aotpack::detail::check_entry_path("../evil"), "'..' component");
   EXPECT_THROWS(aotpack::detail::check_entry_path("a/../../b"), "'..' component");
@@ -170,17 +172,17 @@ void test_safetensors() {
 
 nlohmann::json minimal_manifest() {
   return {
-      {"format_version", 1},
+      {"format_version", AOTPACK_FORMAT_VERSION},
       {"name", "m"},
       {"version", "1.0.0"},
       {"torch_version", "2.13.0"},
       {"backend", "cpu"},
       {"target_isa", {{"march", "x86-64"}, {"features", nlohmann::json::array()}}},
-      {"model", {{"library", "model/model.so"}, {"abi_version", 1}}},
+      {"model", {{"library", AOTPACK_MODEL_LIBRARY_PATH}, {"abi_version", 1}}},
       {"constants", nlohmann::json::array()},
       {"inputs", {{{"name", "x"}, {"dtype", "float32"}, {"shape", {2, 3}}, {"strides", {3, 1}}}}},
       {"outputs", nlohmann::json::array()},
-      {"files", {{"model/model.so", {{"sha256", std::string(64, 'a')}, {"size", 3}}}}}};
+      {"files", {{AOTPACK_MODEL_LIBRARY_PATH, {{"sha256", std::string(64, 'a')}, {"size", 3}}}}}};
 }
 
 void test_manifest() {
@@ -189,11 +191,12 @@ void test_manifest() {
   EXPECT(m.inputs[0].strides == (std::vector<int64_t>{3, 1}));
 
   auto j = minimal_manifest();
-  j["format_version"] = 2;
-  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "format_version 2 is not supported");
+  j["format_version"] = AOTPACK_FORMAT_VERSION + 1;
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()),
+                "format_version " + std::to_string(AOTPACK_FORMAT_VERSION + 1) + " is not supported");
   j = minimal_manifest();
   j.erase("name");
-  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "manifest.json: name: missing");
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), AOTPACK_MANIFEST_PATH ": name: missing");
   j = minimal_manifest();
   j["inputs"][0]["dtype"] = "complex64";
   EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()),
@@ -204,22 +207,23 @@ void test_manifest() {
   EXPECT_THROWS(aotpack::detail::parse_manifest("{not json"), "not valid JSON");
 
   // files vs entries
-  const std::vector<aotpack::detail::ArchiveEntry> good = {{"manifest.json", "{}"},
-                                                           {"model/model.so", "abc"}};
+  const std::vector<aotpack::detail::ArchiveEntry> good = {{AOTPACK_MANIFEST_PATH, "{}"},
+                                                           {AOTPACK_MODEL_LIBRARY_PATH, "abc"}};
   j = minimal_manifest();
-  j["files"]["model/model.so"]["sha256"] =
+  j["files"][AOTPACK_MODEL_LIBRARY_PATH]["sha256"] =
       "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";  // sha256("abc")
   aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()), good);
   EXPECT_THROWS(aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()),
-                                              {{"manifest.json", "{}"}, {"model/model.so", "abd"}}),
-                "sha256 mismatch for 'model/model.so'");
+                                              {{AOTPACK_MANIFEST_PATH, "{}"},
+                                               {AOTPACK_MODEL_LIBRARY_PATH, "abd"}}),
+                "sha256 mismatch for '" AOTPACK_MODEL_LIBRARY_PATH "'");
   EXPECT_THROWS(aotpack::detail::verify_files(
                     aotpack::detail::parse_manifest(j.dump()),
-                    {{"manifest.json", "{}"}, {"model/model.so", "abc"}, {"x", ""}}),
+                    {{AOTPACK_MANIFEST_PATH, "{}"}, {AOTPACK_MODEL_LIBRARY_PATH, "abc"}, {"x", ""}}),
                 "'x' is not listed");
   EXPECT_THROWS(aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()),
-                                              {{"manifest.json", "{}"}}),
-                "'model/model.so' listed in manifest.json is missing");
+                                              {{AOTPACK_MANIFEST_PATH, "{}"}}),
+                "'" AOTPACK_MODEL_LIBRARY_PATH "' listed in " AOTPACK_MANIFEST_PATH " is missing");
 }
 
 // ---- compatibility ----

@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -27,6 +28,8 @@ import zstandard
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's archive paths, also when run as a script
+from aotpack import layout  # noqa: E402
 MODEL_SOURCE = HERE / "model.cpp"
 
 NAME, VERSION = "fixture_mlp", "0.1.0"
@@ -61,7 +64,7 @@ def spec(name: str, dtype: str, shape: list[int], strides: list[int]) -> dict:
 def make_manifest(files: dict[str, bytes], **overrides) -> dict:
     """manifest.json content for `files` (path -> bytes); overrides replace top-level keys."""
     manifest = {
-        "format_version": 1,
+        "format_version": layout.FORMAT_VERSION,
         "name": NAME,
         "version": VERSION,
         "aotpack_version": "0.0.0+fixture",
@@ -69,7 +72,7 @@ def make_manifest(files: dict[str, bytes], **overrides) -> dict:
         "backend": "cpu",
         "target_isa": {"march": "x86-64", "features": ["sse2"]},
         "device_limit": 2,
-        "model": {"library": "model/model.so", "source": "model/model.cpp", "abi_version": 1},
+        "model": {"library": layout.MODEL_LIBRARY_PATH, "source": layout.MODEL_SOURCE_PATH, "abi_version": 1},
         "constants": [
             spec("w", "float32", [IN, OUT], [1, IN]),
             spec("b", "float32", [OUT], [1]),
@@ -105,7 +108,7 @@ def write_archive(path: Path, manifest: dict | bytes | None, files: dict[str, by
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         if manifest is not None:
             text = manifest if isinstance(manifest, bytes) else json.dumps(manifest, indent=2).encode()
-            tar.addfile(*_tar_member("manifest.json", text))
+            tar.addfile(*_tar_member(layout.MANIFEST_PATH, text))
         for name in sorted(files):
             tar.addfile(*_tar_member(name, files[name]))
         for member in extra_members:
@@ -116,9 +119,9 @@ def write_archive(path: Path, manifest: dict | bytes | None, files: dict[str, by
 
 def archive_files(model_so: bytes, weights: dict[str, np.ndarray]) -> dict[str, bytes]:
     return {
-        "model/model.so": model_so,
-        "model/model.cpp": MODEL_SOURCE.read_bytes(),
-        "weights/weights.safetensors": safetensors.numpy.save(weights),
+        layout.MODEL_LIBRARY_PATH: model_so,
+        layout.MODEL_SOURCE_PATH: MODEL_SOURCE.read_bytes(),
+        layout.WEIGHTS_PATH: safetensors.numpy.save(weights),
     }
 
 
