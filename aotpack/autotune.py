@@ -1,83 +1,59 @@
-"""Stage: run the lowered graph once in Python mode and autotune (PGO) its kernels.
+"""Stage: run the lowered graph in Python mode and autotune (PGO) its kernels (``tune``).
 
-The run executes extern calls with torch and fused kernels through their
-``wrapper.so`` (ctypes), on copies of the user's real inputs (the example inputs, then
-any ``calibration_inputs()`` sets). Where a kernel with several candidates is reached,
+The run executes extern calls with torch and fused kernels through the backend's
+launcher, on copies of the user's real inputs (the example inputs, then any
+``calibration_inputs()`` sets). Where a kernel with several candidates is reached,
 every candidate is timed on the very tensors it receives there (warm-up, interleaved
-rounds, median); the candidate fastest on average over the sets is written to
+rounds, median); the candidate fastest on average over the sets wins, is recorded in
 ``optimize_tiling`` and the others are released. Kernels write only their own fresh
-output buffers, never their inputs, so repeated timed launches cannot compound. Kernels the run never reaches are
-*unvisited* and use candidate 0. With one candidate, it goes straight to
-``optimize_tiling`` without timing.
+output buffers, never their inputs, so repeated timed launches cannot compound.
+Kernels the run never reaches are *unvisited* and use candidate 0. With one
+candidate, it goes straight to ``optimize_tiling`` without timing.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
-from aotpack.compile import KernelArtifacts, save_winner
+from aotpack.compile import CompiledSet
 from aotpack.errors import AotpackError
-from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall, StridedView
+from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 
 log = logging.getLogger("aotpack")
 
 WARMUP_LAUNCHES = 3
 ROUNDS = 15
-#: Launches per timed sample: enough that ctypes overhead (~0.5 us) and timer
-#: resolution stay small next to the kernel.
+#: Launches per timed sample: enough that launch overhead (~0.5 us through ctypes) and
+#: timer resolution stay small next to the kernel.
 MIN_SAMPLE_NS = 50_000
-
-
-class LoadedWrapper:
-    """A kernel's ``wrapper.so`` loaded through ctypes (the Python-mode launcher)."""
-
-    def __init__(self, art: KernelArtifacts):
-        self.art = art
-        self.lib = ctypes.CDLL(str(art.wrapper_path), mode=ctypes.RTLD_LOCAL)
-        self.lib.aotpack_init.argtypes = [ctypes.c_char_p]
-        self.lib.aotpack_launch.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-        self.lib.aotpack_release.argtypes = [ctypes.c_char_p]
-        self.lib.aotpack_last_error.restype = ctypes.c_char_p
-        loaded = self.lib.aotpack_init(str(art.directory).encode())
-        if loaded < 1:
-            raise AotpackError(f"kernel {art.kernel.name}: {self._error()} (cache {art.directory}); "
-                               "remove that folder and build again")
-
-    def _error(self) -> str:
-        return (self.lib.aotpack_last_error() or b"").decode()
-
-    def launch(self, key: str, args) -> None:
-        """Run candidate ``key`` on ``args`` (data pointers: inputs, then outputs).
-
-        Raises:
-            AotpackError: the key is not loaded (the wrapper's message included).
-        """
-        if self.lib.aotpack_launch(key.encode(), args) != 0:
-            raise AotpackError(f"kernel {self.art.kernel.name}: {self._error()}")
-
-    def release(self, keep_key: str) -> None:
-        """Unload every candidate but ``keep_key``."""
-        if self.lib.aotpack_release(keep_key.encode()) != 0:
-            raise AotpackError(f"kernel {self.art.kernel.name}: {self._error()}")
-
-
 #: A winner whose slowest timed round is this many times its median was measured on
 #: a busy machine: say so, since the choice is cached.
 NOISY_SPREAD = 3.0
 
 
-def _time_candidates(wrapper: LoadedWrapper, args) -> tuple[list[float], list[float]]:
+@dataclass(frozen=True)
+class Choice:
+    """The tuning result of one kernel: winner index, timings (us per candidate; empty
+    when not timed), whether the inputs reached it, and whether it came from the cache."""
+
+    index: int
+    timings_us: tuple
+    visited: bool
+    cached: bool
+
+
+def _time_candidates(launcher, keys: list[str], args) -> tuple[list[float], list[float]]:
     """(median us per launch, max/median spread) of each candidate, rounds interleaved."""
-    keys = [t.kernel_key for t in wrapper.art.candidates]
     launches = {}
     for key in keys:
         start = time.perf_counter_ns()
         for _ in range(WARMUP_LAUNCHES):
-            wrapper.launch(key, args)
+            launcher.launch(key, args)
+        launcher.synchronize()
         per_launch = max(1, (time.perf_counter_ns() - start) // WARMUP_LAUNCHES)
         launches[key] = max(1, min(1000, MIN_SAMPLE_NS // per_launch))
     samples = {key: [] for key in keys}
@@ -86,29 +62,12 @@ def _time_candidates(wrapper: LoadedWrapper, args) -> tuple[list[float], list[fl
             count = launches[key]
             start = time.perf_counter_ns()
             for _ in range(count):
-                wrapper.launch(key, args)
+                launcher.launch(key, args)
+            launcher.synchronize()
             samples[key].append((time.perf_counter_ns() - start) / count / 1000.0)
     medians = [statistics.median(samples[key]) for key in keys]
     spreads = [max(samples[key]) / m for key, m in zip(keys, medians)]
     return medians, spreads
-
-
-def _choose(wrapper: LoadedWrapper, samples: list[tuple[list[float], list[float]]]) -> None:
-    """Keep the candidate fastest over every input set (optimize_tiling), release the rest."""
-    art = wrapper.art
-    timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(art.candidates))]
-    spreads = [max(s[1][i] for s in samples) for i in range(len(art.candidates))]
-    for index, (tiling, us) in enumerate(zip(art.candidates, timings)):
-        log.info("%s candidate %d (%s): Timing %.2f us", art.kernel.name, index, tiling.tiling_repr, us)
-    best = min(range(len(timings)), key=timings.__getitem__)
-    art.timings_us = timings
-    save_winner(art, art.candidates[best])
-    wrapper.release(art.winner.kernel_key)
-    log.info("Autotune completed %s, best kernel index: %d", art.kernel.name, best)
-    if spreads[best] > NOISY_SPREAD:
-        log.warning("%s: timings were noisy (slowest round %.1fx the median); the machine may be "
-                    "busy. The choice is cached: rebuild with --retune on an idle machine to re-time",
-                    art.kernel.name, spreads[best])
 
 
 def _view(env, parts) -> torch.Tensor:
@@ -126,6 +85,10 @@ def _conform(tensor: torch.Tensor, buf: Buffer) -> torch.Tensor:
     if same:
         return tensor
     return torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype).copy_(tensor)
+
+
+def _empty(buf: Buffer) -> torch.Tensor:
+    return torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
 
 
 def _extern_args(env, call: ExternCall):
@@ -147,20 +110,21 @@ def _extern_args(env, call: ExternCall):
 
 
 class PythonModeRun:
-    """Runs the lowered graph on real inputs, autotuning kernels as it reaches them.
+    """Runs the lowered graph on real inputs, timing kernels' candidates as it reaches them.
 
-    Each input set (the example inputs, then any calibration sets) runs the whole
-    graph; a kernel that still needs a choice times every candidate on the tensors it
-    receives in each set, and executes with candidate 0 meanwhile (all candidates
-    compute the same values). ``finish`` then picks, per kernel, the candidate with the
-    lowest mean time over the sets.
+    A kernel still to be tuned times every candidate on the tensors it receives in each
+    input set and runs with candidate 0 meanwhile (all candidates compute the same
+    values); ``choose`` then picks the candidate with the lowest mean time over the sets.
     """
 
-    def __init__(self, graph: Graph, arts: dict[int, KernelArtifacts]):
+    def __init__(self, graph: Graph, compiled: dict[str, CompiledSet], backend):
         self.graph = graph
-        self.arts = arts
-        self.wrappers: dict[int, LoadedWrapper] = {}
-        self.samples: dict[int, list] = {}
+        self.compiled = compiled
+        self.backend = backend
+        self.launchers: dict = {}
+        self.samples: dict[str, list] = {}
+        self.winners: dict[str, int] = {kid: c.cached_choice[0] for kid, c in compiled.items() if c.cached_choice}
+        self.timings: dict[str, tuple] = {}
 
     def run(self, inputs: tuple) -> list[torch.Tensor]:
         """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
@@ -174,8 +138,15 @@ class PythonModeRun:
 
     def _execute(self, steps: list, env) -> None:
         for step in steps:
-            if isinstance(step, KernelCall):
-                self._kernel(step, env)
+            if isinstance(step, CondStep):  # allocates its results, runs the taken branch
+                for buf in step.results:
+                    env[id(buf)] = _empty(buf)
+                taken = bool(_view(env, step.pred).item())
+                self._execute(step.true_steps if taken else step.false_steps, env)
+            elif isinstance(step, KernelCall):
+                for buf in step.writes():
+                    env[id(buf)] = _empty(buf)
+                self._kernel(step.kernel, [env[id(b)] for b in step.reads() + step.writes()])
             elif isinstance(step, ExternCall):
                 args, kwargs = _extern_args(env, step)
                 result = step.op(*args, **kwargs)
@@ -184,60 +155,78 @@ class PythonModeRun:
                     if buf is not None:
                         env[id(buf)] = _conform(tensor, buf)
             elif isinstance(step, CopyBack):
-                env[id(step.target)].copy_(_view(env, (step.source.base, step.source.shape,
-                                                       step.source.strides, step.source.offset)))
-            elif isinstance(step, CondStep):
-                for buf in step.results:
-                    env[id(buf)] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
-                taken = bool(_view(env, step.pred).item())
-                self._execute(step.true_steps if taken else step.false_steps, env)
+                src = step.source
+                env[id(step.target)].copy_(_view(env, (src.base, src.shape, src.strides, src.offset)))
 
-    def _kernel(self, step: KernelCall, env) -> None:
-        art = self.arts[id(step.kernel)]
-        for buf in step.kernel.outputs:
-            env[id(buf)] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
-        tensors = [env[id(b)] for b in step.kernel.inputs + step.kernel.outputs]
-        args = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-        wrapper = self.wrappers.get(id(art))
-        if wrapper is None:
-            wrapper = self.wrappers[id(art)] = LoadedWrapper(art)
-            art.visited = True
-        if art.needs_autotune():
-            self.samples.setdefault(id(art), []).append(_time_candidates(wrapper, args))
-            wrapper.launch(art.candidates[0].kernel_key, args)
+    def _launcher(self, kid: str):
+        if kid not in self.launchers:
+            c = self.compiled[kid]
+            self.launchers[kid] = self.backend.load_wrapper(c.folder.wrapper, c.folder.path, c.candidate_set.kernel.name)
+        return self.launchers[kid]
+
+    def _kernel(self, kernel, tensors: list[torch.Tensor]) -> None:
+        kid = kernel.kernel_id
+        launcher = self._launcher(kid)
+        candidates = self.compiled[kid].candidate_set.candidates
+        args = launcher.arguments(tensors)
+        if kid not in self.winners and len(candidates) > 1:
+            keys = [c.kernel_key for c in candidates]
+            self.samples.setdefault(kid, []).append(_time_candidates(launcher, keys, args))
+            launcher.launch(keys[0], args)
             return
-        if art.winner is None:  # one candidate: straight to optimize_tiling, no profiling
-            save_winner(art, art.candidates[0])
-        wrapper.launch(art.winner.kernel_key, args)
+        launcher.launch(candidates[self.winners.get(kid, 0)].kernel_key, args)
 
-    def finish(self) -> None:
-        """Choose and record the winner of every kernel that was timed."""
-        for art_id, samples in self.samples.items():
-            wrapper = self.wrappers[art_id]
-            _choose(wrapper, samples)
+    def choose(self) -> None:
+        """Pick and record the winner of every kernel that was timed; release the others."""
+        for kid, samples in self.samples.items():
+            c = self.compiled[kid]
+            cs, name = c.candidate_set, c.candidate_set.kernel.name
+            timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(cs.candidates))]
+            spreads = [max(s[1][i] for s in samples) for i in range(len(cs.candidates))]
+            for index, (candidate, us) in enumerate(zip(cs.candidates, timings)):
+                log.info("%s candidate %d (%s): Timing %.2f us", name, index, candidate.tiling_repr, us)
+            best = min(range(len(timings)), key=timings.__getitem__)
+            c.folder.write_choice(list(cs.candidates), best, timings)
+            self.winners[kid] = best
+            self.timings[kid] = tuple(timings)
+            self._launcher(kid).release(cs.candidates[best].kernel_key)
+            log.info("Autotune completed %s, best kernel index: %d", name, best)
+            if spreads[best] > NOISY_SPREAD:
+                log.warning("%s: timings were noisy (slowest round %.1fx the median); the machine may be "
+                            "busy. The choice is cached: rebuild with --retune on an idle machine to re-time",
+                            name, spreads[best])
         self.samples.clear()
 
 
-def run_python_mode(graph: Graph, arts: dict[int, KernelArtifacts], input_sets: list[tuple]) -> list[torch.Tensor]:
-    """Run ``graph`` on every input set, autotune its kernels, return the first set's outputs.
+def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple],
+         backend) -> tuple[dict[str, Choice], list[torch.Tensor]]:
+    """Run ``graph`` on every input set and autotune its kernels.
 
     Args:
-        arts: ``id(FusedKernel) -> KernelArtifacts``.
+        compiled: ``kernel_id -> CompiledSet`` (the kernels' compile.locks held).
         input_sets: the example inputs first, then calibration sets (same shapes).
+
+    Returns:
+        (``kernel_id -> Choice``, outputs of the example inputs with every winner).
     """
-    runner = PythonModeRun(graph, arts)
+    runner = PythonModeRun(graph, compiled, backend)
     outputs = runner.run(input_sets[0])
     for inputs in input_sets[1:]:
         runner.run(inputs)
+    visited = set(runner.launchers)
     if runner.samples:  # candidate 0 computed those outputs: rerun with the winners, as shipped
-        runner.finish()
+        runner.choose()
         outputs = runner.run(input_sets[0])
-    return outputs
-
-
-def finish_unvisited(arts: list[KernelArtifacts]) -> None:
-    """Kernels the real inputs never reached keep candidate 0 (reported as unvisited)."""
-    for art in arts:
-        if art.winner is None:  # not cached: a later build whose inputs reach it will tune it
-            log.info("%s was not reached by the example inputs; using candidate 0", art.kernel.name)
-            art.winner = art.candidates[0]
+    choices = {}
+    for kid, c in compiled.items():
+        if c.cached_choice:
+            choices[kid] = Choice(c.cached_choice[0], tuple(c.cached_choice[1]), kid in visited, True)
+        elif kid in runner.timings:
+            choices[kid] = Choice(runner.winners[kid], runner.timings[kid], True, False)
+        elif kid in visited:  # one candidate: straight to optimize_tiling, no profiling
+            c.folder.write_choice(list(c.candidate_set.candidates), 0, [])
+            choices[kid] = Choice(0, (), True, False)
+        else:  # not recorded: a later build whose inputs reach it will tune it
+            log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
+            choices[kid] = Choice(0, (), False, False)
+    return choices, outputs

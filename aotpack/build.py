@@ -1,7 +1,9 @@
 """``aotpack build``: run every pipeline stage in order and write the archive.
 
-model file -> export -> lower/fuse -> TopN tilings -> compile candidates ->
-Python-mode run + PGO autotune -> CppWrapper codegen -> model.so -> archive.
+model file -> export -> lower/fuse (``lowering``) -> TopN candidates (``candidates``) ->
+compile (``compile``) -> Python-mode run + PGO autotune (``autotune``) -> CppWrapper
+codegen (``codegen``) -> model library -> archive (``package``). Each stage returns an
+immutable result that the next one reads; device specifics come from the backend.
 """
 from __future__ import annotations
 
@@ -18,12 +20,12 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
-from aotpack import autotune, compile as compile_stage, cpp_wrapper, layout, package, parity, runtime, verify
+from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
+from aotpack import parity, runtime, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model_file
 from aotpack.lowering import lower
-from aotpack.backends.cpu.formulas import C_TYPES
 
 log = logging.getLogger("aotpack")
 
@@ -39,17 +41,6 @@ class BuildResult:
     seconds: dict = field(default_factory=dict)
     max_abs_error: float = 0.0
     compiled: int = 0
-
-
-def _signature(buffers, names) -> list[dict]:
-    return [{"name": n, "dtype": str(b.dtype).removeprefix("torch."), "shape": list(b.shape),
-             "strides": list(b.strides)} for n, b in zip(names, buffers)]
-
-
-def _output_signature(graph, names: list[str]) -> list[dict]:
-    return [{"name": name, "dtype": str(base.dtype).removeprefix("torch."),
-             "shape": list(sizes), "strides": list(strides)}
-            for name, (base, sizes, strides, _) in zip(names, graph.outputs)]
 
 
 def _output_names(structure) -> list[str]:
@@ -71,38 +62,33 @@ def _eager_reference(model_file) -> tuple[list[torch.Tensor], list[str]]:
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], _output_names(out)
 
 
-def _kernel_entries(arts) -> tuple[list[dict], dict[str, bytes]]:
-    entries, files = [], {}
-    for art in arts:
-        lit = cpp_wrapper.kernel_literal(art)
-        win = art.winner
-        entries.append({
-            "name": art.kernel.name, "kernel_key": win.kernel_key, "tiling_repr": win.tiling_repr,
-            "workspace": win.workspace, "block_dim": win.block_dim, "candidates": len(art.candidates),
-            "candidate_tilings": [t.tiling_repr for t in art.candidates],
-            "timings_us": [round(t, 3) for t in art.timings_us], "visited": art.visited,
-            "lib_kernel": lit.lib_kernel, "wrapper": lit.wrapper,
-        })
-        kernel_dir = art.kernel_dir(win)
-        files[lit.lib_kernel] = (kernel_dir / "kernel.so").read_bytes()
-        files[layout.lib_kernel_source_path(lit.name, lit.kernel_key)] = (kernel_dir / "kernel.cpp").read_bytes()
-        files[lit.wrapper] = art.wrapper_path.read_bytes()
-        files[layout.wrapper_source_path(lit.name)] = (art.directory / "wrapper.cpp").read_bytes()
-        files[layout.optimize_tiling_path(lit.name)] = (win.optimize_tiling + "\n").encode()
-    return entries, files
+def _kernel_files(compiled: dict, choices: dict, shipped: dict) -> dict[str, bytes]:
+    """Archive entries of every kernel: the winner's binary and source, the shipped
+    wrapper and its source, and ``optimize_tiling``."""
+    files = {}
+    for kid, c in compiled.items():
+        name, index = c.candidate_set.kernel.name, choices[kid].index
+        winner = c.candidate_set.candidates[index]
+        wrapper, wrapper_source = shipped[kid]
+        files[layout.lib_kernel_path(name, winner.kernel_key)] = c.binary(index).read_bytes()
+        files[layout.lib_kernel_source_path(name, winner.kernel_key)] = c.candidate_set.sources[index].encode()
+        files[layout.wrapper_path(name)] = wrapper.read_bytes()
+        files[layout.wrapper_source_path(name)] = wrapper_source.encode()
+        files[layout.optimize_tiling_path(name)] = (winner.optimize_tiling + "\n").encode()
+    return files
 
 
-def _dump_debug(debug_dir: Path, name: str, arts, model_source: str) -> None:
-    """Copy every generated source (all candidates, wrappers, model.cpp) for inspection."""
+def _dump_debug(debug_dir: Path, name: str, graph, sets: dict, model_source: str) -> None:
+    """Write every generated source (all candidates, wrappers, model.cpp) and the IR."""
     root = Path(debug_dir) / name
-    for art in arts:
-        folder = root / "kernels" / art.kernel.name
-        for tiling in art.candidates:
-            target = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-            compile_stage.write_atomic(target, art.sources[tiling.kernel_key])
-        compile_stage.write_atomic(folder / "wrapper.cpp", art.wrapper_source)
-    compile_stage.write_atomic(root / "model.cpp", model_source)
-    log.info("generated sources copied to %s", root)
+    for cs in sets.values():
+        folder = root / "kernels" / cs.kernel.name
+        for candidate, source in zip(cs.candidates, cs.sources):
+            cache.write_atomic(folder / "static_kernel" / candidate.kernel_key / "kernel.cpp", source)
+        cache.write_atomic(folder / "wrapper.cpp", cs.wrapper_source)
+    cache.write_atomic(root / "model.cpp", model_source)
+    cache.write_atomic(root / "kernels.ir", graph.dump())
+    log.info("generated sources and kernel IR written to %s", root)
 
 
 def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> None:
@@ -150,34 +136,35 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         raise AotpackError(f"archive name {name!r} must start with a letter or digit and hold only "
                            "letters, digits, '_', '.' or '-'; choose one with --name")
     version = check_version((model_file.version or "0.1.0") if version is None else version)
-    target = Path(out_dir) / f"{name}-{version}.aotpack"
+    archive = Path(out_dir) / f"{name}-{version}.aotpack"
+    backend = backends.get(settings.backend)
 
     ep = export_model(model_file)
     seconds["export"] = time.perf_counter() - start
     try:
-        graph = lower(ep, frozenset(C_TYPES))
+        graph = lower(ep, backend.dtypes)
     except AotpackError as exc:
         raise AotpackError(f"{model_file.path}: {exc}") from None
     seconds["lower"] = time.perf_counter() - start - seconds["export"]
-    log.info("lowered %s: %d fused kernels, %d steps", name, len(graph.kernels), len(graph.steps))
+    log.info("lowered %s: %d fused kernel launches, %d steps", name, len(graph.kernels), len(graph.steps))
 
-    isa = compile_stage.target_isa(settings.march)
-    arts, art_of = compile_stage.prepare(graph.kernels, settings.topn, settings.device_limit,
-                                         settings.march, settings.cache_dir)
+    toolchain = backend.toolchain(settings)
+    target = backend.target(settings)
+    sets = candidates.prepare(graph, backend, settings)
+    folders = compile_stage.kernel_folders(sets, backend, settings, toolchain)
+    store = compile_stage.binary_store(backend, settings, toolchain)
     tic = time.perf_counter()
-    locks = compile_stage.lock_all(arts)
-    try:
-        compiled = compile_stage.compile_all(arts, settings.march, settings.compile_threads,
-                                             settings.retune)
+    with cache.locked([f.path for f in folders.values()]):
+        compiled, compiled_count = compile_stage.compile_all(sets, folders, toolchain, store, settings)
         seconds["compile_kernels"] = time.perf_counter() - tic
         tic = time.perf_counter()
-        outputs = autotune.run_python_mode(graph, art_of,
-                                           [model_file.example_inputs, *model_file.calibration_inputs])
-        autotune.finish_unvisited(arts)
+        choices, outputs = autotune.tune(graph, compiled, [model_file.example_inputs,
+                                                           *model_file.calibration_inputs], backend)
         seconds["autotune"] = time.perf_counter() - tic
-    finally:
-        for lock in locks:
-            lock.release()
+        tic = time.perf_counter()
+        shipped = compile_stage.ship_wrappers(compiled, {k: c.index for k, c in choices.items()}, backend,
+                                              toolchain, store, settings)
+        seconds["compile_shipped_wrappers"] = time.perf_counter() - tic
     reference, output_names = _eager_reference(model_file)
     check = parity.compare(outputs, reference)
     log.info("compiled graph vs eager PyTorch: max abs error %.3g", check.max_abs_error)
@@ -191,38 +178,30 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
 
     meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
             "device_limit": settings.device_limit}
-    source = cpp_wrapper.generate(graph, arts, art_of, meta)
+    source = codegen.generate(graph, backend, sets, choices, meta)
     with tempfile.TemporaryDirectory(prefix="aotpack-model-") as work:
-        model_so, seconds["compile_model_so"] = cpp_wrapper.compile_model(source, Path(work))
-        files = {layout.MODEL_LIBRARY_PATH: model_so.read_bytes(), layout.MODEL_SOURCE_PATH: source.encode()}
+        model_so, seconds["compile_model_so"] = backend.compile_model(source, Path(work), settings)
+        files = {layout.MODEL_LIBRARY_PATH: model_so.read_bytes(), layout.MODEL_SOURCE_PATH: source.encode(),
+                 layout.KERNEL_IR_PATH: graph.dump().encode()}
+    log.info("compiled %s in %.2f s", layout.MODEL_LIBRARY_PATH, seconds["compile_model_so"])
     constants = {b.name: graph.constant_tensors[b.name] for b in graph.constants}
     files[layout.WEIGHTS_PATH] = safetensors.torch.save(constants) if constants else safetensors.torch.save({})
-    entries, kernel_files = _kernel_entries(arts)
-    files.update(kernel_files)
+    files.update(_kernel_files(compiled, choices, shipped))
     if selftest:
         files.update(verify.selftest_files(model_file.example_inputs, reference, output_names))
-    manifest = {
-        "format_version": layout.FORMAT_VERSION, "name": name, "version": version,
-        "aotpack_version": aotpack.__version__, "torch_version": torch.__version__.split("+")[0],
-        "backend": "cpu", "target_isa": isa, "device_limit": settings.device_limit,
-        "model": {"library": layout.MODEL_LIBRARY_PATH, "source": layout.MODEL_SOURCE_PATH,
-                  "abi_version": cpp_wrapper.MODEL_ABI_VERSION},
-        "constants": _signature(graph.constants, [b.name for b in graph.constants]),
-        "inputs": _signature(graph.inputs, [b.name for b in graph.inputs]),
-        "outputs": _output_signature(graph, output_names),
-        "mutated_buffers": graph.mutated_buffers,
-        "mutated_inputs": graph.mutated_inputs,
-        "kernels": entries,
-    }
+    manifest = package.manifest(
+        name=name, version=version, backend=backend, target=target, settings=settings, graph=graph,
+        output_names=output_names, kernels=package.kernel_entries(sets, choices))
     if selftest:
         manifest["selftest"] = {"inputs": layout.SELFTEST_INPUTS_PATH, "outputs": layout.SELFTEST_OUTPUTS_PATH,
                                 "atol": parity.ATOL, "rtol": parity.RTOL}
     tic = time.perf_counter()
-    package.write_archive(target, manifest, files,
+    package.write_archive(archive, manifest, files,
                           before_publish=lambda archive: _native_check(archive, model_file, reference))
     seconds["package_and_native_check"] = time.perf_counter() - tic
     if settings.debug_dir:
-        _dump_debug(settings.debug_dir, name, arts, source)
+        _dump_debug(settings.debug_dir, name, graph, sets, source)
     seconds["total"] = time.perf_counter() - start
-    log.info("wrote %s (%d kernels, %d compiled, %.1f s)", target, len(arts), compiled, seconds["total"])
-    return BuildResult(target, manifest, seconds, check.max_abs_error, compiled)
+    log.info("wrote %s (%d distinct kernels at %d launch sites, %d compiled, %.1f s)", archive, len(sets),
+             len(graph.kernels), compiled_count, seconds["total"])
+    return BuildResult(archive, manifest, seconds, check.max_abs_error, compiled_count)

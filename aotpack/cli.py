@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--version", help="semantic version X.Y.Z (default: the file's __version__ or 0.1.0)")
     b.add_argument("--topn", help="candidate tilings per kernel, 1-10 (env AOTPACK_AUTOTUNE_TOPN, default 1)")
     b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
-    b.add_argument("--march", default=None, help="target ISA for -march (default: native)")
+    b.add_argument("--target-isa", default=None,
+                   help="target ISA the kernels are compiled for (default: native, this machine; e.g. x86-64-v3)")
     b.add_argument("--backend", help="kernel backend: cpu (default) or npu (env AOTPACK_BACKEND)")
     b.add_argument("--cache-dir", help="kernel cache (env AOTPACK_CACHE_DIR)")
     b.add_argument("--debug-dir", help="keep generated sources here (env AOTPACK_DEBUG=1)")
@@ -55,13 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="print an archive's manifest summary")
     i.add_argument("archive")
     i.add_argument("--json", action="store_true", help="print the whole manifest")
+    i.add_argument("--ir", action="store_true", help="print the lowered graph and every fused kernel's IR")
     return parser
 
 
 def _build(args) -> int:
     from aotpack.build import build
 
-    settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, march=args.march,
+    settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, target_isa=args.target_isa,
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
                                  retune=args.retune or None, backend=args.backend)
     result = build(args.model, args.output_dir, args.name, args.version, settings,
@@ -82,17 +84,31 @@ def _run(args) -> int:
     return 0
 
 
+def _print_ir(archive: Path) -> int:
+    from aotpack import layout
+    from aotpack.package import read_members
+
+    text = read_members(archive).get(layout.KERNEL_IR_PATH)
+    if text is None:
+        raise AotpackError(f"{archive} holds no {layout.KERNEL_IR_PATH} (built by an older aotpack); "
+                           "rebuild it, or use --debug-dir at build time")
+    sys.stdout.write(text.decode())
+    return 0
+
+
 def _inspect(args) -> int:
     from aotpack.package import read_manifest, verify_files
 
     manifest = read_manifest(Path(args.archive))
+    if args.ir:
+        return _print_ir(Path(args.archive))
     problems = verify_files(Path(args.archive))
     if args.json:
         print(json.dumps(manifest, indent=2))
         return 0
     print(f"{manifest['name']} {manifest['version']}  (format {manifest['format_version']}, "
           f"backend {manifest['backend']}, torch {manifest['torch_version']}, "
-          f"-march={manifest['target_isa']['march']}, device limit {manifest['device_limit']})")
+          f"target ISA {manifest['target_isa']['march']}, device limit {manifest['device_limit']})")
     for kind in ("inputs", "outputs"):
         for t in manifest[kind]:
             print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{t['shape']}")

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from aotpack.backends import DEFAULT as DEFAULT_BACKEND
 from aotpack.errors import AotpackError
 
 log = logging.getLogger("aotpack")
@@ -25,7 +26,7 @@ ENV_DEBUG = "AOTPACK_DEBUG"
 ENV_RUNTIME = "AOTPACK_RUNTIME"
 ENV_RETUNE = "AOTPACK_RETUNE"
 ENV_BACKEND = "AOTPACK_BACKEND"
-BACKENDS = ("cpu", "npu")
+
 
 
 def parse_topn(raw: str | int, source: str = ENV_TOPN) -> int:
@@ -83,22 +84,14 @@ def parse_device_limit(raw: str | int | None, source: str = ENV_DEVICE_LIMIT) ->
 
 
 def check_backend(name: str) -> str:
-    """The backend to build for: ``cpu`` (built in) or ``npu`` (needs torch_npu).
+    """The backend to build for, by registered name (``aotpack.backends``).
 
     Raises:
-        AotpackError: an unknown backend, or ``npu`` where it cannot run.
+        AotpackError: an unknown backend, or one that cannot run here.
     """
-    if name not in BACKENDS:
-        raise AotpackError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    if name == "npu":
-        try:
-            import torch_npu  # noqa: F401
-        except ImportError:
-            raise AotpackError("backend 'npu' needs torch_npu and CANN >= 9.1.0 on an Ascend NPU "
-                               "(pip install 'aotpack[npu]'); use --backend cpu here") from None
-        raise AotpackError("backend 'npu' is not available in this aotpack release yet; "
-                           "use --backend cpu")
-    return name
+    from aotpack import backends
+
+    return backends.check(name)
 
 
 def default_cache_dir() -> Path:
@@ -116,9 +109,9 @@ class Settings:
     device_limit: int = 1
     compile_threads: int = 2
     debug_dir: Path | None = None
-    march: str = "native"
+    target_isa: str = "native"
     retune: bool = False
-    backend: str = "cpu"
+    backend: str = DEFAULT_BACKEND
 
     @staticmethod
     def from_env(**overrides) -> "Settings":
@@ -138,6 +131,6 @@ class Settings:
         debug = overrides.get("debug_dir") or (Path("aotpack_debug") if env.get(ENV_DEBUG) == "1" else None)
         return Settings(topn=topn, cache_dir=Path(cache), device_limit=limit,
                         compile_threads=threads, debug_dir=Path(debug) if debug else None,
-                        march=overrides.get("march") or "native",
+                        target_isa=overrides.get("target_isa") or "native",
                         retune=bool(overrides.get("retune")) or env.get(ENV_RETUNE) == "1",
-                        backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, "cpu")))
+                        backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, DEFAULT_BACKEND)))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch._decomp import core_aten_decompositions, get_decompositions
+from torch import _decomp
 
 from aotpack.errors import AotpackError
 
@@ -142,8 +142,8 @@ def check_version(version: str) -> str:
 
 def decomposition_table() -> dict:
     """torch's core ATen decompositions + ``EXTRA_DECOMPOSITIONS``, minus ``KEEP_WHOLE``."""
-    table = core_aten_decompositions()
-    table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
+    table = _decomp.core_aten_decompositions()
+    table.update(_decomp.get_decompositions(EXTRA_DECOMPOSITIONS))
     for op in KEEP_WHOLE:
         for overload in [getattr(op, name) for name in op.overloads()] if hasattr(op, "overloads") else [op]:
             table.pop(overload, None)

@@ -5,7 +5,7 @@ Lowering turns every FX value into one of:
 * ``Buffer`` – a materialised tensor (graph input, constant, extern-call result, or
   fused-kernel output) with static shape and strides (in elements);
 * ``StridedView`` – a view of a buffer expressible as (sizes, strides, offset);
-* ``Pointwise`` – a lazy value: a function from an index to a scalar C expression;
+* ``Pointwise`` – a lazy value: a function from an index to a kernel IR node;
 * ``Reduction`` – a lazy reduction over the innermost ``reduce_size`` elements.
 
 Lazy values build the fused-kernel IR (Inductor's ``inner_fn`` idea): ``value.expr(index)``
@@ -203,6 +203,11 @@ class ExternArg:
     value: object
 
 
+# ----------------------------------------------------------------------------- steps
+# Every step says once which buffers it reads and writes; the Python-mode executor,
+# buffer liveness and the C++ emitters all use these (``buffers`` in first-use order).
+
+
 @dataclass(eq=False)
 class ExternCall:
     """``outputs = aten::<op>.<overload>(*args)`` through the ATen dispatcher."""
@@ -211,12 +216,42 @@ class ExternCall:
     args: list[ExternArg]
     outputs: list[Buffer | None]
 
+    def reads(self) -> list[Buffer]:
+        """Base buffers of the tensor arguments."""
+        found = []
+        for arg in self.args:
+            if arg.kind == "tensor":
+                found.append(arg.value[0])
+            elif arg.kind == "tensor_list":
+                found.extend(p[0] for p in arg.value if p is not None)
+        return found
+
+    def writes(self) -> list[Buffer]:
+        """The result buffers (None results, e.g. unused optional outputs, skipped)."""
+        return [b for b in self.outputs if b is not None]
+
+    def buffers(self) -> list[Buffer]:
+        """Every buffer the step touches."""
+        return self.writes() + self.reads()
+
 
 @dataclass(eq=False)
 class KernelCall:
     """Launch ``kernel`` (a ``kernel_ir.FusedKernel``, its chosen candidate) on its buffers."""
 
     kernel: object
+
+    def reads(self) -> list[Buffer]:
+        """The kernel's inputs."""
+        return list(self.kernel.inputs)
+
+    def writes(self) -> list[Buffer]:
+        """The kernel's outputs (fresh buffers)."""
+        return list(self.kernel.outputs)
+
+    def buffers(self) -> list[Buffer]:
+        """Every buffer the step touches."""
+        return self.reads() + self.writes()
 
 
 @dataclass(eq=False)
@@ -225,6 +260,18 @@ class CopyBack:
 
     target: Buffer
     source: Buffer | StridedView
+
+    def reads(self) -> list[Buffer]:
+        """The source's base buffer."""
+        return [self.source.base]
+
+    def writes(self) -> list[Buffer]:
+        """The target, overwritten in place."""
+        return [self.target]
+
+    def buffers(self) -> list[Buffer]:
+        """Every buffer the step touches."""
+        return [self.target, self.source.base]
 
 
 @dataclass(eq=False)
@@ -240,6 +287,18 @@ class CondStep:
     true_steps: list
     false_steps: list
 
+    def reads(self) -> list[Buffer]:
+        """The predicate and whatever either branch reads."""
+        return [self.pred[0], *(b for s in self.true_steps + self.false_steps for b in s.reads())]
+
+    def writes(self) -> list[Buffer]:
+        """The results and whatever either branch writes."""
+        return [*self.results, *(b for s in self.true_steps + self.false_steps for b in s.writes())]
+
+    def buffers(self) -> list[Buffer]:
+        """Every buffer the step touches, branches included."""
+        return [self.pred[0], *self.results, *(b for s in self.true_steps + self.false_steps for b in s.buffers())]
+
 
 @dataclass(eq=False)
 class Graph:
@@ -253,3 +312,35 @@ class Graph:
     kernels: list  # kernel_ir.FusedKernel, in creation order
     mutated_buffers: list[str] = field(default_factory=list)  # constants written in place
     mutated_inputs: list[str] = field(default_factory=list)  # caller's inputs written in place
+
+    def distinct_kernels(self) -> list:
+        """One ``FusedKernel`` per ``kernel_id`` (repeated layers share one), in first-use order."""
+        found = {}
+        for kernel in self.kernels:
+            found.setdefault(kernel.kernel_id, kernel)
+        return list(found.values())
+
+    def dump(self) -> str:
+        """The program as text: its steps in order, then each distinct kernel's IR."""
+        lines = [f"graph: {len(self.inputs)} inputs, {len(self.constants)} constants, "
+                 f"{len(self.kernels)} kernel launches of {len(self.distinct_kernels())} distinct kernels"]
+        lines += _dump_steps(self.steps, "  ")
+        for kernel in self.distinct_kernels():
+            lines += ["", f"# kernel_id {kernel.kernel_id}", str(kernel)]
+        return "\n".join(lines) + "\n"
+
+
+def _dump_steps(steps: list, indent: str) -> list[str]:
+    lines = []
+    for step in steps:
+        if isinstance(step, KernelCall):
+            lines.append(f"{indent}launch {step.kernel.name}")
+        elif isinstance(step, ExternCall):
+            lines.append(f"{indent}extern {step.op}")
+        elif isinstance(step, CopyBack):
+            lines.append(f"{indent}copy into {step.target.name}")
+        elif isinstance(step, CondStep):
+            lines.append(f"{indent}cond")
+            lines += _dump_steps(step.true_steps, indent + "  then ")
+            lines += _dump_steps(step.false_steps, indent + "  else ")
+    return lines

@@ -239,13 +239,18 @@ class FusedKernel:
         return hashlib.sha256(body.encode()).hexdigest()[:24]
 
     def format(self, with_name: bool = True) -> str:
-        """The kernel as text: signature, then one SSA line per distinct node."""
+        """The kernel as text: signature, then one SSA line per distinct node.
+
+        ``with_name=False`` leaves out the name and input layouts (the kernel reads
+        only the offsets in its loads): the text ``kernel_id`` hashes.
+        """
         names = {id(b): f"in{k}" for k, b in enumerate(self.inputs)}
         domain = ", ".join([f"i{k}<{s}" for k, s in enumerate(self.outer_shape)] + [f"j<{self.inner_size}"])
         head = f"kernel {self.name}" if with_name else "kernel"
         lines = [f"{head} [{domain}]"]
-        for k, b in enumerate(self.inputs):
-            lines.append(f"  in{k}: {_dtype_name(b.dtype)}{list(b.shape)} strides {list(b.strides)}")
+        for k, b in enumerate(self.inputs):  # the kernel sees only offsets: shapes are for readers
+            layout = f"{list(b.shape)} strides {list(b.strides)}" if with_name else ""
+            lines.append(f"  in{k}: {_dtype_name(b.dtype)}{layout}")
         printer = _Printer(names)
         for k, (out, expr) in enumerate(zip(self.outputs, self.exprs)):
             result = printer.node(expr)

@@ -23,6 +23,7 @@ FORMAT_VERSION = 1
 MANIFEST_PATH = "manifest.json"  # always the first entry
 MODEL_LIBRARY_PATH = "model/model.so"
 MODEL_SOURCE_PATH = "model/model.cpp"
+KERNEL_IR_PATH = "model/kernels.ir"  # the graph's steps and every fused kernel's IR, as text
 WEIGHTS_PATH = "weights/weights.safetensors"
 SELFTEST_INPUTS_PATH = "selftest/inputs.safetensors"  # only with --selftest
 SELFTEST_OUTPUTS_PATH = "selftest/outputs.safetensors"  # only with --selftest
@@ -40,6 +41,7 @@ _HEADER_CONSTANTS = [
     ("MANIFEST_PATH", MANIFEST_PATH),
     ("MODEL_LIBRARY_PATH", MODEL_LIBRARY_PATH),
     ("MODEL_SOURCE_PATH", MODEL_SOURCE_PATH),
+    ("KERNEL_IR_PATH", KERNEL_IR_PATH),
     ("WEIGHTS_PATH", WEIGHTS_PATH),
     ("SELFTEST_INPUTS_PATH", SELFTEST_INPUTS_PATH),
     ("SELFTEST_OUTPUTS_PATH", SELFTEST_OUTPUTS_PATH),

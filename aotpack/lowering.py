@@ -408,7 +408,7 @@ class Lowerer:
     def _copy(self, node):
         source = self._operand(node.args[0])
         val = _meta(node)
-        if val.device.type != "cpu" or tuple(val.shape) != tuple(source.shape):
+        if val.device != _meta(node.args[0]).device or tuple(val.shape) != tuple(source.shape):
             return None
         return self._pointwise(node, [node.args[0]], "identity", False)
 

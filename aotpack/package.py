@@ -19,6 +19,7 @@ from typing import Callable
 import zstandard
 
 from aotpack.errors import AotpackError
+from aotpack import layout
 from aotpack.layout import MANIFEST_PATH
 
 ZSTD_LEVEL = 19
@@ -36,6 +37,64 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     tar.addfile(info, io.BytesIO(data))
+
+
+def _signature(buffers, names) -> list[dict]:
+    return [{"name": n, "dtype": str(b.dtype).removeprefix("torch."), "shape": list(b.shape),
+             "strides": list(b.strides)} for n, b in zip(names, buffers)]
+
+
+def _output_signature(graph, names: list[str]) -> list[dict]:
+    return [{"name": name, "dtype": str(base.dtype).removeprefix("torch."),
+             "shape": list(sizes), "strides": list(strides)}
+            for name, (base, sizes, strides, _) in zip(names, graph.outputs)]
+
+
+def kernel_entries(candidate_sets: dict, choices: dict) -> list[dict]:
+    """The manifest's ``kernels``: per distinct kernel its winner, candidates and timings.
+
+    Args:
+        candidate_sets: ``kernel_id -> candidates.CandidateSet``.
+        choices: ``kernel_id -> autotune.Choice``.
+    """
+    entries = []
+    for kid, cs in candidate_sets.items():
+        choice = choices[kid]
+        win, name = cs.candidates[choice.index], cs.kernel.name
+        entries.append({
+            "name": name, "kernel_id": kid, "kernel_key": win.kernel_key, "tiling_repr": win.tiling_repr,
+            "workspace": win.workspace, "block_dim": win.block_dim, "candidates": len(cs.candidates),
+            "candidate_tilings": [c.tiling_repr for c in cs.candidates],
+            "timings_us": [round(t, 3) for t in choice.timings_us], "visited": choice.visited,
+            "lib_kernel": layout.lib_kernel_path(name, win.kernel_key), "wrapper": layout.wrapper_path(name),
+        })
+    return entries
+
+
+def manifest(name: str, version: str, backend, target: dict, settings, graph, output_names: list[str],
+             kernels: list[dict]) -> dict:
+    """Every manifest key but ``files`` (``write_archive`` adds the file table).
+
+    Format: docs/archive.md. ``target`` is the backend's target description (for the CPU,
+    the resolved target ISA and the features the runtime checks at load).
+    """
+    import torch
+
+    import aotpack
+
+    return {
+        "format_version": layout.FORMAT_VERSION, "name": name, "version": version,
+        "aotpack_version": aotpack.__version__, "torch_version": torch.__version__.split("+")[0],
+        "backend": backend.name, "target_isa": target, "device_limit": settings.device_limit,
+        "model": {"library": layout.MODEL_LIBRARY_PATH, "source": layout.MODEL_SOURCE_PATH,
+                  "abi_version": backend.model_abi_version},
+        "constants": _signature(graph.constants, [b.name for b in graph.constants]),
+        "inputs": _signature(graph.inputs, [b.name for b in graph.inputs]),
+        "outputs": _output_signature(graph, output_names),
+        "mutated_buffers": graph.mutated_buffers,
+        "mutated_inputs": graph.mutated_inputs,
+        "kernels": kernels,
+    }
 
 
 def file_table(files: dict[str, bytes]) -> dict[str, dict]:

@@ -47,8 +47,8 @@ def test_device_limit_is_part_of_the_cache_key_and_bounds_block_dim(tmp_path):
                   settings=Settings.from_env(topn=3, cache_dir=cache, device_limit="1"))
     assert again.compiled == 0  # same limit: same key, a cache hit
     # the limit alone changes the key (static kernels are tuned for a core count)
-    from aotpack.compile import _artifact_hash
-    assert _artifact_hash(["src"], "wrapper", "native", 1) != _artifact_hash(["src"], "wrapper", "native", 2)
+    from aotpack.cache import artifact_hash
+    assert artifact_hash("kernel", "toolchain", 1) != artifact_hash("kernel", "toolchain", 2)
 
 
 def test_concurrent_builds_share_the_cache_safely(tmp_path):

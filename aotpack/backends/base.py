@@ -81,9 +81,13 @@ class Toolchain(ABC):
 class Launcher(ABC):
     """A kernel's wrapper loaded in the build process, for the Python-mode run and PGO."""
 
+    def arguments(self, tensors: list):
+        """(optional) ``tensors`` packed once for repeated launches; default: the list itself."""
+        return tensors
+
     @abstractmethod
     def launch(self, kernel_key: str, tensors: list) -> None:
-        """Run candidate ``kernel_key`` on ``tensors`` (inputs, then outputs; torch tensors)."""
+        """Run candidate ``kernel_key`` on ``tensors`` (inputs, then outputs), as ``arguments`` packs them."""
 
     @abstractmethod
     def synchronize(self) -> None:
@@ -101,6 +105,8 @@ class Backend(ABC):
     name: str
     #: dtypes the backend's fused kernels compute in (others run as extern calls).
     dtypes: frozenset
+    #: version of the generated host library's ABI (recorded in the manifest).
+    model_abi_version: int
 
     def limits(self, settings) -> Limits:
         """Resources from the build settings (``Settings.device_limit``)."""

@@ -34,33 +34,25 @@ SEPARATOR = "==== "
 
 def generate(model: str) -> dict[str, str]:
     """Archive-relative path -> generated source, for one model file (no compiler run)."""
-    from types import SimpleNamespace
-
-    from aotpack import cpp_wrapper
+    from aotpack import backends, candidates, codegen, layout
+    from aotpack.autotune import Choice
+    from aotpack.config import Settings
     from aotpack.export import export_model, load_model_file
-    from aotpack.backends.cpu.formulas import C_TYPES
-    from aotpack.backends.cpu.renderer import render_kernel
-    from aotpack.backends.cpu.tiling import solve
     from aotpack.lowering import lower
-    from aotpack.render import render
 
-    graph = lower(export_model(load_model_file(REPO / model)), frozenset(C_TYPES))
-    sources, unique, art_of = {}, {}, {}
-    for kernel in graph.kernels:
-        candidates = solve(kernel, DEVICE_LIMIT)
-        kernel_sources = tuple(render_kernel(kernel, t) for t in candidates)
-        wrapper = render("cpu_wrapper.cpp.j2", candidates=candidates)
-        key = (kernel_sources, wrapper)
-        if key not in unique:  # identical kernels share one artifact, as in a build
-            unique[key] = SimpleNamespace(kernel=kernel, winner=candidates[0])
-            folder = f"kernels/{kernel.name}"
-            for tiling, text in zip(candidates, kernel_sources):
-                sources[f"{folder}/static_kernel/{tiling.kernel_key}/kernel.cpp"] = text
-            sources[f"{folder}/wrapper.cpp"] = wrapper
-        art_of[id(kernel)] = unique[key]
+    backend = backends.get("cpu")
+    settings = Settings(topn=10, device_limit=DEVICE_LIMIT, backend="cpu")
+    graph = lower(export_model(load_model_file(REPO / model)), backend.dtypes)
+    sets = candidates.prepare(graph, backend, settings)
+    sources = {}
+    for cs in sets.values():
+        for candidate, text in zip(cs.candidates, cs.sources):
+            sources[layout.lib_kernel_source_path(cs.kernel.name, candidate.kernel_key)] = text
+        sources[layout.wrapper_source_path(cs.kernel.name)] = cs.wrapper_source
+    choices = {kid: Choice(0, (), True, False) for kid in sets}  # candidate 0 wins
     meta = {"name": Path(model).stem, "version": "0.1.0", "aotpack_version": "golden",
             "device_limit": DEVICE_LIMIT}
-    sources["model/model.cpp"] = cpp_wrapper.generate(graph, list(unique.values()), art_of, meta)
+    sources[layout.MODEL_SOURCE_PATH] = codegen.generate(graph, backend, sets, choices, meta)
     return sources
 
 

@@ -1,0 +1,64 @@
+"""The CPU backend (built in; the reference backend, runs everywhere and in CI).
+
+Kernels are C++ rendered from Jinja templates (``templates/cpu_*.j2``) with every
+shape, stride and tiling knob a compile-time constant, compiled by the system C++
+compiler (``toolchain``), parallel over OpenMP threads (``block_dim``).
+
+Files: ``tiling`` (TopN solver), ``formulas`` + ``renderer`` (kernel IR -> C++),
+``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
+launcher), ``cpp_wrapper`` (model.cpp).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from aotpack.backends.base import Backend, Limits
+from aotpack.backends.cpu import cpp_wrapper, tiling
+from aotpack.backends.cpu.formulas import C_TYPES
+from aotpack.backends.cpu.launcher import CpuLauncher
+from aotpack.backends.cpu.renderer import render_kernel
+from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
+from aotpack.render import render
+
+
+class CpuBackend(Backend):
+    """Static C++/OpenMP kernels for the build machine's CPU family."""
+
+    name = "cpu"
+    dtypes = frozenset(C_TYPES)
+    model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
+
+    def solve(self, kernel, limits: Limits, count: int) -> list:
+        return tiling.solve(kernel, limits.device_limit, count)
+
+    def render_kernel(self, kernel, candidate) -> str:
+        return render_kernel(kernel, candidate)
+
+    def render_wrapper(self, candidates: list) -> str:
+        return render("cpu_wrapper.cpp.j2", candidates=candidates)
+
+    def toolchain(self, settings) -> CpuToolchain:
+        return CpuToolchain(settings.target_isa)
+
+    def load_wrapper(self, wrapper: Path, kernel_dir: Path, name: str) -> CpuLauncher:
+        return CpuLauncher(wrapper, kernel_dir, name)
+
+    def target(self, settings) -> dict:
+        """``{"march", "features"}`` (the runtime refuses a CPU lacking a feature)."""
+        return target_isa(settings.target_isa)
+
+    def generate_model(self, graph, kernels: list, meta: dict) -> str:
+        return cpp_wrapper.generate(graph, kernels, meta)
+
+    def compile_model(self, source: str, workdir: Path, settings) -> tuple[Path, float]:
+        src, out = workdir / "model.cpp", workdir / "model.so"
+        src.write_text(source)
+        start = time.perf_counter()
+        self.toolchain(settings).compile_model(src, out)
+        return out, time.perf_counter() - start
+
+
+def create() -> CpuBackend:
+    """The registry's factory."""
+    return CpuBackend()

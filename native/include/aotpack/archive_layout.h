@@ -17,6 +17,7 @@
 #define AOTPACK_MANIFEST_PATH          "manifest.json"
 #define AOTPACK_MODEL_LIBRARY_PATH     "model/model.so"
 #define AOTPACK_MODEL_SOURCE_PATH      "model/model.cpp"
+#define AOTPACK_KERNEL_IR_PATH         "model/kernels.ir"
 #define AOTPACK_WEIGHTS_PATH           "weights/weights.safetensors"
 #define AOTPACK_SELFTEST_INPUTS_PATH   "selftest/inputs.safetensors"
 #define AOTPACK_SELFTEST_OUTPUTS_PATH  "selftest/outputs.safetensors"

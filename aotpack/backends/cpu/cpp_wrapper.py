@@ -1,4 +1,4 @@
-"""Stage: CppWrapper codegen. Render the model's C++ after autotuning and compile it.
+"""The CPU backend's CppWrapper: the model's C++ (model.cpp), rendered after autotuning.
 
 ``templates/model.cpp.j2`` holds the frame (handles, kernel state objects, the C
 entry points of ``model_abi.h``); this module turns the lowered graph's steps into the
@@ -7,23 +7,18 @@ extern calls through the host's dispatcher entry, mutation write-back and output
 """
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from aotpack import layout
-from aotpack.compile import CXX, compile_so, write_atomic
 from aotpack.errors import AotpackError
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
-from aotpack.render import include_dir, render
+from aotpack.render import render
 
-log = logging.getLogger("aotpack")
 
 MODEL_ABI_VERSION = 1
-MODEL_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17"]
 
 #: torch dtype -> c10::ScalarType code (AotpackDType in model_abi.h).
 DTYPE_CODES = {
@@ -56,9 +51,9 @@ class KernelLiteral:
     kernel_key: str
 
 
-def kernel_literal(art) -> KernelLiteral:
-    """Archive paths and winning kernel_key of one kernel (``compile.KernelArtifacts``)."""
-    name, key = art.kernel.name, art.winner.kernel_key
+def kernel_literal(kernel, winner) -> KernelLiteral:
+    """Archive paths and winning kernel_key of one kernel (a ``FusedKernel`` and its winner)."""
+    name, key = kernel.name, winner.kernel_key
     return KernelLiteral(name, layout.wrapper_path(name), layout.kernel_dir(name),
                          layout.lib_kernel_path(name, key), key)
 
@@ -70,7 +65,7 @@ def _dims(values) -> str:
 class RunEmitter:
     """Builds the body of ``run()`` from the graph's steps."""
 
-    def __init__(self, graph: Graph, kernel_index: dict[int, int]):
+    def __init__(self, graph: Graph, kernel_index: dict[str, int]):
         self.graph = graph
         self.kernel_index = kernel_index
         self.lines: list[str] = []
@@ -161,7 +156,7 @@ class RunEmitter:
             self.lines.append(f"b_{buf.name} = alloc({_dims(buf.shape)}, {_dims(buf.strides)}, {dtype_code(buf.dtype)});")
         args = [f"ptr({self.name(b)})" for b in kernel.inputs + kernel.outputs]
         self.lines.append(f"void* const args[] = {{{', '.join(args)}}};")
-        self.lines.append(f"m.kernels[{self.kernel_index[id(kernel)]}].launch(args);  // {kernel.name}")
+        self.lines.append(f"m.kernels[{self.kernel_index[kernel.kernel_id]}].launch(args);  // {kernel.name}")
 
     def _op_slot(self, op) -> int:
         key = (op._schema.name, op._schema.overload_name)
@@ -244,7 +239,7 @@ class RunEmitter:
         keep |= {id(b) for b in self.graph.inputs + self.graph.constants}
         last: dict[int, int] = {}
         for index, step in enumerate(self.graph.steps):
-            for buf in _step_buffers(step):
+            for buf in step.buffers():
                 last[id(buf)] = index
         by_step: dict[int, list[int]] = {}
         for buf_id, index in last.items():
@@ -253,49 +248,17 @@ class RunEmitter:
         return by_step
 
 
-def _step_buffers(step) -> list[Buffer]:
-    if isinstance(step, KernelCall):
-        return step.kernel.inputs + step.kernel.outputs
-    if isinstance(step, ExternCall):
-        found = [b for b in step.outputs if b is not None]
-        for arg in step.args:
-            if arg.kind == "tensor":
-                found.append(arg.value[0])
-            elif arg.kind == "tensor_list":
-                found.extend(p[0] for p in arg.value if p is not None)
-        return found
-    if isinstance(step, CopyBack):
-        return [step.target, step.source.base]
-    if isinstance(step, CondStep):
-        inner = [b for s in step.true_steps + step.false_steps for b in _step_buffers(s)]
-        return [step.pred[0], *step.results, *inner]
-    return []
-
-
-def generate(graph: Graph, arts: list, art_of: dict[int, object], meta: dict) -> str:
+def generate(graph: Graph, kernels: list, meta: dict) -> str:
     """model.cpp for ``graph`` with each kernel's autotuned winner baked in.
 
     Args:
-        arts: unique kernel artifacts (one ``KernelState`` each), winners chosen.
-        art_of: ``id(FusedKernel) -> artifacts``.
+        kernels: ``(FusedKernel, winner)`` per distinct kernel (one ``KernelState`` each),
+            in order; launches find theirs by ``kernel_id``.
         meta: name, version, aotpack_version, device_limit.
     """
-    index_of_art = {id(a): i for i, a in enumerate(arts)}
-    kernel_index = {kid: index_of_art[id(a)] for kid, a in art_of.items()}
+    kernel_index = {kernel.kernel_id: i for i, (kernel, _) in enumerate(kernels)}
     emitter = RunEmitter(graph, kernel_index)
     lines = emitter.emit()
-    return render("model.cpp.j2", kernels=[kernel_literal(a) for a in arts], ops=emitter.ops,
+    return render("model.cpp.j2", kernels=[kernel_literal(k, w) for k, w in kernels], ops=emitter.ops,
                   run_lines=lines, num_constants=len(graph.constants), num_inputs=len(graph.inputs),
                   num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)
-
-
-def compile_model(source: str, workdir: Path) -> tuple[Path, float]:
-    """Compile model.cpp into model.so; returns (path, compile seconds)."""
-    src = workdir / "model.cpp"
-    write_atomic(src, source)
-    out = workdir / "model.so"
-    start = time.perf_counter()
-    compile_so(src, out, MODEL_FLAGS + [f"-I{include_dir()}", "-ldl"], None)
-    seconds = time.perf_counter() - start
-    log.info("compiled model.so in %.2f s (%s, no ATen headers)", seconds, CXX)
-    return out, seconds

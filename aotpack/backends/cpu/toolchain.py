@@ -1,0 +1,147 @@
+"""The CPU toolchain: the system C++ compiler, its flags, the target ISA and OpenMP rules.
+
+Static kernels use OpenMP (``num_threads(block_dim)``) and only OpenMP <= 5.0
+features: torch ships its own ``libgomp.so.1``, which every kernel then shares (never
+load a second libgomp by path: two runtimes oversubscribe the cores). The target ISA
+(``-march``) is a build option; what it resolves to, and every CPU feature it turns on,
+is recorded in the manifest and checked by the runtime at load.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from aotpack.backends.base import Toolchain
+from aotpack.errors import AotpackError
+from aotpack.render import include_dir
+
+CXX = os.environ.get("CXX", "g++")
+#: Flags of every static kernel. No -ffast-math: masks use -inf and NaN must survive.
+KERNEL_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
+                "-fno-math-errno", "-fno-trapping-math"]
+WRAPPER_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17"]
+MODEL_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17"]
+#: A compile that runs longer than this is stuck (a kernel TU takes well under 10 s).
+COMPILE_TIMEOUT_S = 300
+
+#: CPU features the runtime can test with __builtin_cpu_supports, by gcc macro. Every
+#: one that -march enables is recorded, so the runtime refuses a CPU lacking any.
+ISA_MACROS = {
+    "__SSE__": "sse", "__SSE2__": "sse2", "__SSE3__": "sse3", "__SSSE3__": "ssse3",
+    "__SSE4_1__": "sse4.1", "__SSE4_2__": "sse4.2", "__POPCNT__": "popcnt", "__AVX__": "avx",
+    "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c", "__BMI__": "bmi", "__BMI2__": "bmi2",
+    "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl",
+    "__AVX512DQ__": "avx512dq", "__AVX512CD__": "avx512cd", "__AVX512VNNI__": "avx512vnni",
+    "__AVX512BF16__": "avx512bf16", "__AVX512FP16__": "avx512fp16", "__AVX512VBMI__": "avx512vbmi",
+    "__AVX512VBMI2__": "avx512vbmi2", "__AVX512IFMA__": "avx512ifma",
+    "__AVX512BITALG__": "avx512bitalg", "__AVX512VPOPCNTDQ__": "avx512vpopcntdq",
+    "__AVXVNNI__": "avxvnni", "__GFNI__": "gfni", "__VAES__": "vaes", "__VPCLMULQDQ__": "vpclmulqdq",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version() -> str:
+    """First line of ``$CXX --version`` (part of every cache key).
+
+    Raises:
+        AotpackError: no working C++ compiler.
+    """
+    try:
+        out = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise AotpackError(f"C++ compiler '{CXX}' not found or broken ({exc}); install g++ "
+                           "(apt-get install g++) or set CXX") from exc
+    return out.splitlines()[0]
+
+
+@functools.lru_cache(maxsize=None)
+def target_isa(march: str) -> dict:
+    """``{"march", "features"}``: what ``-march=<march>`` resolves to and requires.
+
+    Raises:
+        AotpackError: the compiler rejects the value.
+    """
+    compiler_version()
+    probe = subprocess.run([CXX, f"-march={march}", "-dM", "-E", "-x", "c++", "/dev/null"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise AotpackError(f"the compiler rejects -march={march}: {probe.stderr.strip()}; "
+                           "pass a value gcc knows (e.g. native, x86-64-v3)")
+    defined = set(re.findall(r"#define (\w+)", probe.stdout))
+    resolved = march
+    if march == "native":
+        query = subprocess.run([CXX, "-march=native", "-Q", "--help=target"],
+                               capture_output=True, text=True).stdout
+        found = re.search(r"-march=\s+(\S+)", query)
+        resolved = found.group(1) if found else march
+    features = sorted({name for macro, name in ISA_MACROS.items() if macro in defined})
+    return {"march": resolved, "features": features}
+
+
+@functools.lru_cache(maxsize=None)
+def target_fingerprint(march: str) -> str:
+    """Everything -march=<march> turns on here (``native`` differs between hosts)."""
+    query = subprocess.run([CXX, f"-march={march}", "-Q", "--help=target"], capture_output=True, text=True)
+    return query.stdout
+
+
+def compile_so(cmd_prefix: list[str], source: Path, output: Path) -> None:
+    """Compile one C++ file into a shared library, atomically (temp name + rename).
+
+    Raises:
+        AotpackError: the compiler failed or timed out; the message names the source
+            file and carries the compiler's first error lines.
+    """
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    cmd = [*cmd_prefix, str(source), "-o", str(tmp)]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        tmp.unlink(missing_ok=True)
+        raise AotpackError(f"compiling {source} took over {COMPILE_TIMEOUT_S} s and was stopped; "
+                           "the machine may be overloaded (set AOTPACK_COMPILE_THREADS=1)") from None
+    if result.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        errors = "\n".join(result.stderr.strip().splitlines()[:20])
+        raise AotpackError(f"compiling {source} failed (this is an aotpack bug; please report it "
+                           f"with the file):\n{errors}")
+    os.replace(tmp, output)
+
+
+class CpuToolchain(Toolchain):
+    """g++ (or ``$CXX``) with ``-march=<march>`` for kernels."""
+
+    def __init__(self, march: str):
+        self.march = march
+
+    def _prefix(self, kind: str) -> list[str]:
+        if kind == "kernel":
+            return [CXX, *KERNEL_FLAGS, f"-march={self.march}"]
+        if kind == "wrapper":
+            return [CXX, *WRAPPER_FLAGS]
+        return [CXX, *MODEL_FLAGS, f"-I{include_dir()}"]
+
+    def _suffix(self, kind: str) -> list[str]:
+        return ["-ldl"] if kind in ("wrapper", "model") else []
+
+    def fingerprint(self) -> str:
+        return "\0".join([compiler_version(), " ".join(KERNEL_FLAGS), target_fingerprint(self.march)])
+
+    def command(self, source: Path, output: Path, kind: str) -> list[str]:
+        return [*self._prefix(kind), *self._suffix(kind), str(source), "-o", str(output)]
+
+    def _compile(self, source: Path, output: Path, kind: str) -> None:
+        compile_so([*self._prefix(kind), *self._suffix(kind)], source, output)
+
+    def compile_kernel(self, source: Path, output: Path) -> None:
+        self._compile(source, output, "kernel")
+
+    def compile_wrapper(self, source: Path, output: Path) -> None:
+        self._compile(source, output, "wrapper")
+
+    def compile_model(self, source: Path, output: Path) -> None:
+        """Compile model.cpp (includes only model_abi.h) into model.so."""
+        self._compile(source, output, "model")

@@ -1,0 +1,44 @@
+"""Stage: TopN candidates per distinct fused kernel (``prepare``).
+
+For each kernel the backend's solver proposes up to ``topn`` tilings, the heuristic
+default first; each is rendered into its own static-kernel source, plus one wrapper
+source holding all their ``TilingInfo``. Kernels with the same ``kernel_id`` (repeated
+layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aotpack.kernel_ir import FusedKernel
+
+
+@dataclass(frozen=True)
+class CandidateSet:
+    """The candidates of one distinct kernel and their generated sources.
+
+    ``kernel`` is the first kernel with this ``kernel_id`` (its name names the archive
+    folder); ``sources[i]`` is the source of ``candidates[i]``.
+    """
+
+    kernel: FusedKernel
+    candidates: tuple
+    sources: tuple
+    wrapper_source: str
+
+    @property
+    def kernel_id(self) -> str:
+        """The kernel's content hash."""
+        return self.kernel.kernel_id
+
+
+def prepare(graph, backend, settings) -> dict[str, CandidateSet]:
+    """``kernel_id -> CandidateSet`` for every distinct kernel of ``graph``, in first-use order."""
+    limits = backend.limits(settings)
+    sets: dict[str, CandidateSet] = {}
+    for kernel in graph.kernels:
+        if kernel.kernel_id in sets:
+            continue
+        candidates = tuple(backend.solve(kernel, limits, settings.topn)[:settings.topn])
+        sources = tuple(backend.render_kernel(kernel, c) for c in candidates)
+        sets[kernel.kernel_id] = CandidateSet(kernel, candidates, sources, backend.render_wrapper(list(candidates)))
+    return sets
