@@ -1,9 +1,10 @@
 """aotpack: export a PyTorch model, fuse and autotune its kernels ahead of time, and ship
 it as a versioned archive that a C++ runtime runs without Python.
 
-Pipeline stages, in order (see docs/layout.md): ``model_file`` -> ``export`` ->
-``lowering`` (over ``ir``) -> ``tiling`` -> ``kernel_codegen`` -> ``compile`` ->
-``autotune`` -> ``cpp_wrapper`` -> ``package``; ``runtime`` drives the native runtime.
+Pipeline stages, in order (see docs/design.md and docs/layout.md): ``export`` ->
+``lowering`` (``ir``, ``kernel_ir``) -> ``candidates`` -> ``compile`` -> ``autotune`` ->
+``codegen`` -> ``package``; device specifics live in ``backends/<name>/``, and
+``runtime`` drives the native runtime.
 """
 from aotpack.errors import AotpackError
 

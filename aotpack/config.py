@@ -15,7 +15,7 @@ from aotpack.errors import AotpackError
 
 log = logging.getLogger("aotpack")
 
-#: Candidates requested from the tiling solver per kernel (the seed's AUTOTUNE_TOPN).
+#: Candidates requested from the tiling solver per kernel (TopN, at most 10).
 MAX_TOPN = 10
 
 ENV_TOPN = "AOTPACK_AUTOTUNE_TOPN"
@@ -64,7 +64,7 @@ def available_cores() -> int:
 def parse_device_limit(raw: str | int | None, source: str = ENV_DEVICE_LIMIT) -> int:
     """Cores the kernels may use (block_dim upper bound); ``None``/empty = all available.
 
-    Read once in the parent process and shipped to compile workers, as the seed does.
+    Read once in the parent process and shipped to compile workers.
 
     Raises:
         AotpackError: for a non-integer or a value < 1.

@@ -30,7 +30,7 @@ aten = torch.ops.aten
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 
 #: Composite ops broken up so their pieces fuse (row-wise softmax/layer_norm become
-#: reductions + pointwise). SDPA stays whole: it runs as an extern call (DESIGN.md §8).
+#: reductions + pointwise). SDPA stays whole: it runs as an extern call (decomposed, it breaks later views in some real models).
 EXTRA_DECOMPOSITIONS = [aten.native_layer_norm, aten._softmax, aten._log_softmax, aten.gelu,
                         aten.silu, aten.hardswish, aten.hardsigmoid]
 KEEP_WHOLE = [aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu]
@@ -168,7 +168,7 @@ def _quiet_torch():
 def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
     """torch.export (static shapes) + decompositions, on a copy of the user's module.
 
-    ExportedProgram shares storage with the module it came from (DESIGN.md §8), so the
+    ExportedProgram shares storage with the module it came from, so the
     export works on a deep copy: the user's module and tensors are never modified.
 
     Raises:

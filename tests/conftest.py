@@ -57,3 +57,10 @@ def assert_native_parity(archive, path, tmp_path, atol=parity.ATOL, rtol=parity.
     check = parity.compare(outputs, reference, atol=atol, rtol=rtol)
     assert check.ok, check.problems
     return check.max_abs_error
+
+
+def pytest_collection_modifyitems(items):
+    """Modules without their own ``pytestmark`` need the compiler and runtime: ``native``."""
+    for item in items:
+        if not any(m.name in ("unit", "native") for m in item.iter_markers()):
+            item.add_marker(pytest.mark.native)

@@ -1,4 +1,4 @@
-"""Kernel cache: layout of the seed, hits skip compile and profiling, archives reproduce."""
+"""Kernel cache: its documented layout, hits skip compile and profiling, archives reproduce."""
 import logging
 
 from aotpack.build import build
@@ -20,7 +20,7 @@ def test_second_build_hits_cache_and_reproduces_archive(tmp_path, caplog, monkey
     assert first.archive.read_bytes() == second.archive.read_bytes()
 
 
-def test_cache_layout_matches_the_seed(tmp_path):
+def test_cache_layout_is_the_documented_one(tmp_path):
     cache = tmp_path / "cache"
     result = build(SAMPLES / "mlp.py", tmp_path / "out", settings=Settings.from_env(topn=3, cache_dir=cache))
     manifest = read_manifest(result.archive)

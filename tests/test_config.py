@@ -1,10 +1,12 @@
-"""Settings: the TopN and device-limit rules from the seed, with their exact messages."""
+"""Settings: the TopN and device-limit rules, with their exact messages."""
 import logging
 
 import pytest
 
 from aotpack.config import MAX_TOPN, Settings, available_cores, parse_device_limit, parse_topn
 from aotpack.errors import AotpackError
+
+pytestmark = pytest.mark.unit
 
 
 def test_topn_accepts_positive_integers():

@@ -7,6 +7,8 @@ import pytest
 
 from aotpack.ir import Index, flat_index, unflatten_index
 
+pytestmark = pytest.mark.unit
+
 
 def _evaluate(index: Index, env: dict) -> int:
     # C's '/' on non-negative ints is Python's '//'

@@ -1,6 +1,6 @@
 """CPU tiling solver: up to ``MAX_TOPN`` candidate tilings per fused kernel.
 
-A candidate is the seed's triple ``(tiling_repr, workspace, block_dim)``:
+A candidate is the triple ``(tiling_repr, workspace, block_dim)``:
 
 * ``block_dim`` – parallel blocks, i.e. OpenMP threads (1 = no parallel region),
   never above the device limit;
