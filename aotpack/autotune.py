@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from aotpack.backends.cpu.launch_abi import WrapperLauncher
 from aotpack.compile import KernelArtifacts, save_winner
 from aotpack.errors import AotpackError
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall, StridedView
@@ -38,31 +39,12 @@ class LoadedWrapper:
     def __init__(self, art: KernelArtifacts):
         self.art = art
         self.lib = ctypes.CDLL(str(art.wrapper_path), mode=ctypes.RTLD_LOCAL)
-        self.lib.aotpack_init.argtypes = [ctypes.c_char_p]
-        self.lib.aotpack_launch.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-        self.lib.aotpack_release.argtypes = [ctypes.c_char_p]
-        self.lib.aotpack_last_error.restype = ctypes.c_char_p
-        loaded = self.lib.aotpack_init(str(art.directory).encode())
-        if loaded < 1:
-            raise AotpackError(f"kernel {art.kernel.name}: {self._error()} (cache {art.directory}); "
-                               "remove that folder and build again")
-
-    def _error(self) -> str:
-        return (self.lib.aotpack_last_error() or b"").decode()
-
-    def launch(self, key: str, args) -> None:
-        """Run candidate ``key`` on ``args`` (data pointers: inputs, then outputs).
-
-        Raises:
-            AotpackError: the key is not loaded (the wrapper's message included).
-        """
-        if self.lib.aotpack_launch(key.encode(), args) != 0:
-            raise AotpackError(f"kernel {self.art.kernel.name}: {self._error()}")
-
-    def release(self, keep_key: str) -> None:
-        """Unload every candidate but ``keep_key``."""
-        if self.lib.aotpack_release(keep_key.encode()) != 0:
-            raise AotpackError(f"kernel {self.art.kernel.name}: {self._error()}")
+        try:
+            self.launcher = WrapperLauncher(self.lib, f"kernel {art.kernel.name}")
+            self.launcher.init(art.directory)
+        except AotpackError as e:
+            raise AotpackError(f"{e} (cache {art.directory}); remove that folder and build again") from None
+        self.launch, self.release = self.launcher.launch, self.launcher.release
 
 
 #: A winner whose slowest timed round is this many times its median was measured on

@@ -22,7 +22,10 @@ from aotpack.render import include_dir, render
 
 log = logging.getLogger("aotpack")
 
-MODEL_ABI_VERSION = 1
+#: Model ABI (AOTPACK_MODEL_ABI_VERSION_MAJOR/_MINOR in model_abi.h). The manifest's
+#: ``model.abi_version`` records the MAJOR, which the runtime requires to match.
+MODEL_ABI_VERSION_MAJOR, MODEL_ABI_VERSION_MINOR = 2, 0
+MODEL_ABI_VERSION = MODEL_ABI_VERSION_MAJOR
 MODEL_FLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17"]
 
 #: torch dtype -> c10::ScalarType code (AotpackDType in model_abi.h).
