@@ -18,7 +18,9 @@ import sys
 # Bump on any change a reader of the previous version would misread: a moved or renamed
 # path below, a changed file format, a manifest key with a new meaning. Adding manifest
 # keys or optional files is not such a change. The runtime refuses any other version.
-FORMAT_VERSION = 1
+#: Version 2: kernels use the versioned launch ABI of native/include/aotpack/kernel_abi.h
+#: (aotpack_kernel_launch with an AotpackKernelLaunch struct); model ABI 2, host ABI 1.
+FORMAT_VERSION = 2
 
 MANIFEST_PATH = "manifest.json"  # always the first entry
 MODEL_LIBRARY_PATH = "model/model.so"

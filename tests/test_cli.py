@@ -25,7 +25,7 @@ def test_inspect_lists_signature_kernels_and_checks_files(build_model):
     result = aotpack("inspect", build_model(MODELS / "dict_outputs.py").archive)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("dict_outputs 0.1.0  (format 1, backend cpu, torch 2.13.0")
+    assert lines[0].startswith("dict_outputs 0.1.0  (format 2, backend cpu, torch 2.13.0")
     assert "  input  x: float32[6]" in lines
     assert "  output aux.1: float32[]" in lines
     assert lines[-1].endswith("sizes and sha256 match the manifest")

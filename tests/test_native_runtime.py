@@ -234,10 +234,15 @@ def test_not_an_archive_refused(tmp_path, fixture):
      "'warp9' (unknown feature name, treated as unsupported)"),
     ({"torch_version": "1.13.1"}, "built with torch 1.13.1 but this runtime links torch"),
     ({"format_version": layout.FORMAT_VERSION + 1},
-     f"format_version {layout.FORMAT_VERSION + 1} is not supported"),
+     f"format_version {layout.FORMAT_VERSION + 1} is not supported (this runtime reads "
+     f"{layout.FORMAT_VERSION}): use a newer aotpack runtime"),
+    ({"format_version": 1},
+     f"format_version 1 is not supported (this runtime reads {layout.FORMAT_VERSION}): the archive "
+     "predates the versioned kernel launch ABI; rebuild it with this aotpack"),
     ({"backend": "npu"}, "backend 'npu' is not supported"),
-    ({"model": {"library": layout.MODEL_LIBRARY_PATH, "abi_version": 7}}, "model.abi_version 7"),
-], ids=["cpu-feature", "torch-version", "format-version", "backend", "abi-version"])
+    ({"model": {"library": layout.MODEL_LIBRARY_PATH, "abi_version": 7}},
+     "model.abi_version 7 is not supported (this runtime implements model ABI 2.0; the major must match)"),
+], ids=["cpu-feature", "torch-version", "format-version", "format-version-1", "backend", "abi-version"])
 def test_incompatible_manifest_refused(fixture, tmp_path, overrides, needle):
     archive = variant(fixture, tmp_path, **overrides)
     assert_refused(run_tool(archive, fixture["x"], tmpdir=tmp_path / "tmp"), needle)

@@ -116,15 +116,26 @@ std::vector<std::string> missing_cpu_features(const std::vector<std::string>& fe
   return missing;
 }
 
+std::string abi_version_text(int64_t packed) {
+  return std::to_string(packed >> 16) + "." + std::to_string(packed & 0xffff);
+}
+
+void check_model_abi(const std::string& library, int64_t packed) {
+  if ((packed >> 16) != AOTPACK_MODEL_ABI_VERSION_MAJOR)
+    fail(library + " implements model ABI " + abi_version_text(packed) + ", this runtime implements " +
+         abi_version_text(AOTPACK_MODEL_ABI_VERSION) + " (the major must match); rebuild the archive with "
+         "this aotpack");
+}
+
 void check_compatibility(const Manifest& manifest) {
   if (manifest.backend != "cpu")
     fail("backend '" + manifest.backend + "' is not supported (this runtime runs 'cpu' archives)");
   check_torch_version(manifest.torch_version);
   check_cpu(manifest);
-  if (manifest.model_abi_version != AOTPACK_MODEL_ABI_VERSION)
+  if (manifest.model_abi_version != AOTPACK_MODEL_ABI_VERSION_MAJOR)
     fail("model.abi_version " + std::to_string(manifest.model_abi_version) +
-         " is not supported (this runtime implements " + std::to_string(AOTPACK_MODEL_ABI_VERSION) +
-         ")");
+         " is not supported (this runtime implements model ABI " +
+         abi_version_text(AOTPACK_MODEL_ABI_VERSION) + "; the major must match)");
   if (!manifest.files.count(manifest.model_library))
     fail("model.library '" + manifest.model_library +
          "' is not in " AOTPACK_MANIFEST_PATH " 'files'");

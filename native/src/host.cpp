@@ -343,7 +343,7 @@ int32_t host_copy(AotpackTensor dst, AotpackTensor src) {
 void host_release(AotpackTensor t) { release_handle(t); }
 
 const AotpackHostV1 kHostTable = {
-    AOTPACK_MODEL_ABI_VERSION,
+    AOTPACK_HOST_ABI_VERSION,
     sizeof(AotpackHostV1),
     host_find_op,
     host_call_op,

@@ -146,9 +146,13 @@ Manifest parse_manifest(const std::string& text) {
   Manifest m;
   m.text = text;
   m.format_version = get_int(doc, "format_version", "");
+  if (m.format_version < kFormatVersion)
+    fail("format_version " + std::to_string(m.format_version) + " is not supported (this runtime reads " +
+         std::to_string(kFormatVersion) + "): the archive predates the versioned kernel launch ABI; "
+         "rebuild it with this aotpack");
   if (m.format_version != kFormatVersion)
-    fail("format_version " + std::to_string(m.format_version) +
-         " is not supported (this runtime reads " + std::to_string(kFormatVersion) + ")");
+    fail("format_version " + std::to_string(m.format_version) + " is not supported (this runtime reads " +
+         std::to_string(kFormatVersion) + "): use a newer aotpack runtime");
   m.name = get_string(doc, "name", "");
   m.version = get_string(doc, "version", "");
   if (doc.contains("aotpack_version")) m.aotpack_version = get_string(doc, "aotpack_version", "");

@@ -36,7 +36,7 @@ struct Manifest {
   std::string text;  // manifest.json as stored
 };
 
-/// Parses manifest.json. Checks format_version first (so a newer format gets a clear
+/// Parses manifest.json. Checks format_version first (so an older or newer format gets a clear
 /// message rather than a missing-key error), then every key the runtime uses. Throws
 /// aotpack::Error naming the key ("manifest.json: inputs[0].dtype: ...").
 Manifest parse_manifest(const std::string& text);

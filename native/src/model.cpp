@@ -193,10 +193,7 @@ void Model::Impl::load(int32_t device_limit) {
   write_files(entries);
   entries = {};  // the extracted copies and the constants are all we keep
   library.open(dir.path() + "/" + manifest.model_library, manifest.model_library);
-  const int32_t abi = library.abi_version();
-  if (abi != AOTPACK_MODEL_ABI_VERSION)
-    fail(manifest.model_library + " implements model ABI " + std::to_string(abi) +
-         ", this runtime implements " + std::to_string(AOTPACK_MODEL_ABI_VERSION));
+  detail::check_model_abi(manifest.model_library, library.abi_version());
   create_instance(device_limit);
 }
 

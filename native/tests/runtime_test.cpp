@@ -21,6 +21,7 @@
 #include "../src/tempdir.h"
 #include "../src/tensor_handle.h"
 #include "aotpack/archive_layout.h"
+#include "aotpack/kernel_abi.h"
 #include "aotpack/runtime.h"
 #include "npy.h"
 
@@ -178,7 +179,7 @@ nlohmann::json minimal_manifest() {
       {"torch_version", "2.13.0"},
       {"backend", "cpu"},
       {"target_isa", {{"march", "x86-64"}, {"features", nlohmann::json::array()}}},
-      {"model", {{"library", AOTPACK_MODEL_LIBRARY_PATH}, {"abi_version", 1}}},
+      {"model", {{"library", AOTPACK_MODEL_LIBRARY_PATH}, {"abi_version", AOTPACK_MODEL_ABI_VERSION_MAJOR}}},
       {"constants", nlohmann::json::array()},
       {"inputs", {{{"name", "x"}, {"dtype", "float32"}, {"shape", {2, 3}}, {"strides", {3, 1}}}}},
       {"outputs", nlohmann::json::array()},
@@ -194,6 +195,12 @@ void test_manifest() {
   j["format_version"] = AOTPACK_FORMAT_VERSION + 1;
   EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()),
                 "format_version " + std::to_string(AOTPACK_FORMAT_VERSION + 1) + " is not supported");
+  j["format_version"] = 1;  // before the versioned kernel launch ABI
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()),
+                "format_version 1 is not supported (this runtime reads " +
+                    std::to_string(AOTPACK_FORMAT_VERSION) +
+                    "): the archive predates the versioned kernel launch ABI; rebuild it with this "
+                    "aotpack");
   j = minimal_manifest();
   j.erase("name");
   EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), AOTPACK_MANIFEST_PATH ": name: missing");
@@ -245,6 +252,31 @@ void test_compat() {
   manifest = aotpack::detail::parse_manifest(minimal_manifest().dump());
   manifest.isa_features = {"warp9"};
   EXPECT_THROWS(aotpack::detail::check_compatibility(manifest), "'warp9' (unknown feature name");
+  manifest = aotpack::detail::parse_manifest(minimal_manifest().dump());
+  manifest.model_abi_version = 1;
+  EXPECT_THROWS(aotpack::detail::check_compatibility(manifest),
+                "model.abi_version 1 is not supported (this runtime implements model ABI 2.0; the "
+                "major must match)");
+}
+
+// ---- ABI versions ----
+
+void test_abi_versions() {
+  EXPECT(aotpack::detail::abi_version_text(AOTPACK_MODEL_ABI_VERSION) == "2.0");
+  EXPECT(aotpack::detail::abi_version_text((3 << 16) | 7) == "3.7");
+  EXPECT(AOTPACK_KERNEL_ABI_VERSION == (1 << 16));
+  // a model.so of another MINOR is accepted, another MAJOR refused naming both versions
+  aotpack::detail::check_model_abi("model/model.so", AOTPACK_MODEL_ABI_VERSION + 5);
+  EXPECT_THROWS(aotpack::detail::check_model_abi("model/model.so", (1 << 16) | 3),
+                "model/model.so implements model ABI 1.3, this runtime implements 2.0 (the major "
+                "must match); rebuild the archive with this aotpack");
+  const AotpackHostV1& table = *aotpack::detail::host_table();
+  EXPECT(table.host_abi_version == AOTPACK_HOST_ABI_VERSION);
+  EXPECT(table.struct_size == sizeof(AotpackHostV1));
+  // the launch struct: struct_size first, 1.0 fields through max_threads
+  EXPECT(offsetof(AotpackKernelLaunch, struct_size) == 0);
+  EXPECT(AOTPACK_KERNEL_LAUNCH_V1_SIZE == offsetof(AotpackKernelLaunch, max_threads) + 4);
+  EXPECT(sizeof(AotpackKernelLaunch) >= AOTPACK_KERNEL_LAUNCH_V1_SIZE);
 }
 
 // ---- host table ----
@@ -461,6 +493,7 @@ int main() {
   test_safetensors();
   test_manifest();
   test_compat();
+  test_abi_versions();
   test_host_ops();
   test_host_op_errors();
   test_host_tensors();

@@ -72,7 +72,7 @@ def make_manifest(files: dict[str, bytes], **overrides) -> dict:
         "backend": "cpu",
         "target_isa": {"march": "x86-64", "features": ["sse2"]},
         "device_limit": 2,
-        "model": {"library": layout.MODEL_LIBRARY_PATH, "source": layout.MODEL_SOURCE_PATH, "abi_version": 1},
+        "model": {"library": layout.MODEL_LIBRARY_PATH, "source": layout.MODEL_SOURCE_PATH, "abi_version": 2},
         "constants": [
             spec("w", "float32", [IN, OUT], [1, IN]),
             spec("b", "float32", [OUT], [1]),

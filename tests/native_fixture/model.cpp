@@ -116,7 +116,8 @@ __attribute__((visibility("default"))) int32_t
 aotpack_model_create(const AotpackHostV1 *host, const char *root_dir,
                      const AotpackTensor *constants, int64_t num_constants,
                      int32_t device_limit, void **model_out) {
-  if (host == nullptr || host->abi_version != AOTPACK_MODEL_ABI_VERSION ||
+  if (host == nullptr ||
+      (host->host_abi_version >> 16) != AOTPACK_HOST_ABI_VERSION_MAJOR ||
       host->struct_size < sizeof(AotpackHostV1)) {
     g_error = "incompatible host table";
     return 1;

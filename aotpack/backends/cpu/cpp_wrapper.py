@@ -18,7 +18,10 @@ from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 from aotpack.render import render
 
 
-MODEL_ABI_VERSION = 1
+#: Model ABI (AOTPACK_MODEL_ABI_VERSION_MAJOR/_MINOR in model_abi.h). The manifest's
+#: ``model.abi_version`` records the MAJOR, which the runtime requires to match.
+MODEL_ABI_VERSION_MAJOR, MODEL_ABI_VERSION_MINOR = 2, 0
+MODEL_ABI_VERSION = MODEL_ABI_VERSION_MAJOR
 
 #: torch dtype -> c10::ScalarType code (AotpackDType in model_abi.h).
 DTYPE_CODES = {

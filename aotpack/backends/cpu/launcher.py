@@ -1,7 +1,8 @@
 """PGO launcher of the CPU backend: a kernel's ``wrapper.so`` loaded through ctypes.
 
-Launches are synchronous on the CPU (a kernel returns when its OpenMP region ends),
-so ``synchronize`` has nothing to wait for.
+Launches go through the kernel launch ABI (``launch_abi``: the launch struct carries the
+workspace the caller allocates). They are synchronous on the CPU (a kernel returns when
+its OpenMP region ends), so ``synchronize`` has nothing to wait for.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ctypes
 from pathlib import Path
 
 from aotpack.backends.base import Launcher
+from aotpack.backends.cpu.launch_abi import WrapperLauncher
 from aotpack.errors import AotpackError
 
 
@@ -16,22 +18,17 @@ class CpuLauncher(Launcher):
     """``wrapper.so`` with every static kernel found under ``kernel_dir`` loaded.
 
     Raises (constructor):
-        AotpackError: the wrapper loads no static kernel (a damaged cache entry).
+        AotpackError: the wrapper loads no static kernel or speaks another kernel ABI
+            (a damaged or stale cache entry).
     """
 
     def __init__(self, wrapper: Path, kernel_dir: Path, name: str):
-        self.name = name
-        self.lib = ctypes.CDLL(str(wrapper), mode=ctypes.RTLD_LOCAL)
-        self.lib.aotpack_init.argtypes = [ctypes.c_char_p]
-        self.lib.aotpack_launch.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-        self.lib.aotpack_release.argtypes = [ctypes.c_char_p]
-        self.lib.aotpack_last_error.restype = ctypes.c_char_p
-        if self.lib.aotpack_init(str(kernel_dir).encode()) < 1:
-            raise AotpackError(f"kernel {name}: {self._error()} (cache {kernel_dir}); "
-                               "remove that folder and build again")
-
-    def _error(self) -> str:
-        return (self.lib.aotpack_last_error() or b"").decode()
+        lib = ctypes.CDLL(str(wrapper), mode=ctypes.RTLD_LOCAL)
+        try:
+            self.abi = WrapperLauncher(lib, f"kernel {name}")
+            self.abi.init(kernel_dir)
+        except AotpackError as exc:
+            raise AotpackError(f"{exc} (cache {kernel_dir}); remove that folder and build again") from None
 
     def arguments(self, tensors) -> ctypes.Array:
         """The data pointers of ``tensors`` as the ``void* const*`` argument array."""
@@ -41,11 +38,9 @@ class CpuLauncher(Launcher):
         """Run candidate ``kernel_key``; ``tensors`` is a list of tensors or an ``arguments`` array.
 
         Raises:
-            AotpackError: the key is not loaded (the wrapper's message included).
+            AotpackError: the key is not loaded or the kernel refused the launch.
         """
-        args = tensors if isinstance(tensors, ctypes.Array) else self.arguments(tensors)
-        if self.lib.aotpack_launch(kernel_key.encode(), args) != 0:
-            raise AotpackError(f"kernel {self.name}: {self._error()}")
+        self.abi.launch(kernel_key, tensors if isinstance(tensors, ctypes.Array) else self.arguments(tensors))
 
     def synchronize(self) -> None:
         """CPU launches are synchronous."""
@@ -56,5 +51,4 @@ class CpuLauncher(Launcher):
         Raises:
             AotpackError: ``keep_kernel_key`` is not loaded.
         """
-        if self.lib.aotpack_release(keep_kernel_key.encode()) != 0:
-            raise AotpackError(f"kernel {self.name}: {self._error()}")
+        self.abi.release(keep_kernel_key)

@@ -208,5 +208,5 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         "cpu_kernel.cpp.j2",
         body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
-        chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr,
+        chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr, workspace=tiling.workspace,
     )

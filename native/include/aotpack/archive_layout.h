@@ -12,7 +12,7 @@
 #ifndef AOTPACK_ARCHIVE_LAYOUT_H
 #define AOTPACK_ARCHIVE_LAYOUT_H
 
-#define AOTPACK_FORMAT_VERSION 1
+#define AOTPACK_FORMAT_VERSION 2
 
 #define AOTPACK_MANIFEST_PATH          "manifest.json"
 #define AOTPACK_MODEL_LIBRARY_PATH     "model/model.so"

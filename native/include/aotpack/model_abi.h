@@ -10,10 +10,18 @@
  * AotpackHostV1 function table the runtime hands to aotpack_model_create(), so
  * generated code never includes ATen headers (compiles in well under a second).
  *
- * Versioning: AOTPACK_MODEL_ABI_VERSION is bumped on any incompatible change of the
- * table layout or of the exported model functions. New host functions are appended
- * at the end of AotpackHostV1 and announced through struct_size, so older model.so
- * files keep working with a newer runtime.
+ * Versioning (DLPack style): two contracts, each with MAJOR and MINOR numbers packed as
+ * (MAJOR << 16) | MINOR.
+ *   Model ABI (AOTPACK_MODEL_ABI_VERSION): the functions model.so exports and their
+ *     meaning. The runtime refuses a model.so (and a manifest model.abi_version, which
+ *     records the MAJOR) of another MAJOR; a MINOR only adds optional exports.
+ *   Host ABI (AOTPACK_HOST_ABI_VERSION): the AotpackHostV1 table the runtime hands to
+ *     model.so. model.so refuses a table of another MAJOR or with a struct_size smaller
+ *     than the table it was compiled against; a MINOR appends functions at the end of the
+ *     table (announced through struct_size), so older model.so files keep working.
+ *   MAJOR = incompatible layout or semantics change, refused on mismatch; MINOR =
+ *     compatible additions. The kernel launch ABI (kernel.so, wrapper.so) is versioned
+ *     separately in kernel_abi.h.
  */
 #ifndef AOTPACK_MODEL_ABI_H
 #define AOTPACK_MODEL_ABI_H
@@ -33,7 +41,17 @@
 extern "C" {
 #endif
 
-#define AOTPACK_MODEL_ABI_VERSION 1
+/* Model ABI: model.so exports (aotpack_model_abi_version() returns the packed value). */
+#define AOTPACK_MODEL_ABI_VERSION_MAJOR 2
+#define AOTPACK_MODEL_ABI_VERSION_MINOR 0
+#define AOTPACK_MODEL_ABI_VERSION \
+  ((AOTPACK_MODEL_ABI_VERSION_MAJOR << 16) | AOTPACK_MODEL_ABI_VERSION_MINOR)
+
+/* Host ABI: the AotpackHostV1 table (its host_abi_version field holds the packed value). */
+#define AOTPACK_HOST_ABI_VERSION_MAJOR 1
+#define AOTPACK_HOST_ABI_VERSION_MINOR 0
+#define AOTPACK_HOST_ABI_VERSION \
+  ((AOTPACK_HOST_ABI_VERSION_MAJOR << 16) | AOTPACK_HOST_ABI_VERSION_MINOR)
 
 /* Opaque tensor handle owned by the runtime (an at::Tensor* inside it).
  * Every handle a host function returns is a new reference: give it back with release(). */
@@ -87,8 +105,8 @@ typedef struct AotpackArg {
 
 /* Functions the runtime hands to model.so. All sizes and strides are in elements. */
 typedef struct AotpackHostV1 {
-  uint32_t abi_version; /* AOTPACK_MODEL_ABI_VERSION of the runtime */
-  uint32_t struct_size; /* sizeof(AotpackHostV1) as the runtime compiled it */
+  uint32_t host_abi_version; /* AOTPACK_HOST_ABI_VERSION of the runtime */
+  uint32_t struct_size;      /* sizeof(AotpackHostV1) as the runtime compiled it */
 
   /* Resolve an ATen operator once ("aten::addmm", overload "" for default).
    * Writes an opaque handle valid for the runtime's lifetime. */
@@ -121,7 +139,7 @@ typedef struct AotpackHostV1 {
 
 /* ---- exported by every model.so (names are part of the ABI) ---- */
 
-/* Returns AOTPACK_MODEL_ABI_VERSION the model was generated for. */
+/* Returns AOTPACK_MODEL_ABI_VERSION ((MAJOR << 16) | MINOR) the model was generated for. */
 typedef int32_t (*aotpack_model_abi_version_fn)(void);
 
 /* Build a model instance.
@@ -142,15 +160,8 @@ typedef int32_t (*aotpack_model_run_fn)(void* model, const AotpackTensor* inputs
 typedef void (*aotpack_model_destroy_fn)(void* model);
 typedef const char* (*aotpack_model_last_error_fn)(void);
 
-/* ---- exported by every per-kernel wrapper.so ---- */
-/* int32_t aotpack_init(const char* kernel_dir);   load static_kernel/<key>/kernel.so present
- *                                                  under kernel_dir; returns count (<0 error)
- * int32_t aotpack_launch(const char* kernel_key, void* const* args);  inputs then outputs
- * int32_t aotpack_release(const char* keep_kernel_key);  unload all other candidates
- * int32_t aotpack_set_device_limit(int32_t cores);       cap on OpenMP threads (0 = none)
- * const char* aotpack_last_error(void);
- * ---- exported by every static kernel.so ----
- * void aotpack_kernel(void* const* args, void* workspace, int32_t num_threads);        */
+/* The per-kernel wrapper.so and static kernel.so entry points, and the launch struct
+ * model.so passes them, are defined in kernel_abi.h (kernel launch ABI). */
 
 #ifdef __cplusplus
 }
