@@ -105,19 +105,21 @@ def _dump_debug(debug_dir: Path, name: str, arts, model_source: str) -> None:
 
 
 def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> None:
-    """Run the finished archive with the C++ runtime on the example inputs and compare
+    """Run the finished archive in-process (aotpack.load) on the example inputs and compare
     with eager: the build's last word is about model.so, not only the Python-mode run.
 
     Raises:
         AotpackError: the native outputs differ from eager (an aotpack bug).
     """
     try:
-        runtime.find_runtime()
+        runtime.find_runtime_library()
     except AotpackError:
         log.warning("native runtime not built (make runtime): skipped running the archive before writing it")
         return
-    with tempfile.TemporaryDirectory(prefix="aotpack-check-") as work:
-        outputs, _ = runtime.run_tensors(archive, model_file.example_inputs, work)
+    from aotpack.loader import load
+
+    with load(archive) as model:
+        outputs = model.run(*[t.clone() for t in model_file.example_inputs])  # may write inputs
     check = parity.compare(outputs, reference)
     if not check.ok:
         raise AotpackError(f"{model_file.path}: the archive's native run disagrees with eager PyTorch: "

@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--selftest", action="store_true",
                    help="store example inputs and eager outputs so `aotpack verify` can re-check them")
 
-    r = sub.add_parser("run", help="run an archive with the native C++ runtime")
+    r = sub.add_parser("run", help="run an archive with the native runtime, in-process (aotpack.load)")
     r.add_argument("archive")
     r.add_argument("--inputs", nargs="+", required=True, help=".npy files, one per model input")
     r.add_argument("--output", help="write outputs to this .npz")
@@ -75,10 +75,10 @@ def _build(args) -> int:
 
 
 def _run(args) -> int:
-    from aotpack.runtime import run_archive
+    from aotpack.run import run
 
-    result = run_archive(args.archive, args.inputs, args.output, args.bench, args.device_limit)
-    sys.stdout.write(result.stdout)
+    for line in run(args.archive, args.inputs, args.output, args.bench, args.device_limit):
+        print(line)
     return 0
 
 
