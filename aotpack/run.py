@@ -18,7 +18,7 @@ from aotpack.errors import AotpackError
 from aotpack.loader import Model, load
 
 SHOWN = 8  # values printed per output
-WARMUP = 3
+WARMUP = 10  # as aotpack-run --warmup
 
 
 def read_inputs(model: Model, paths: list[str | Path]) -> list[torch.Tensor]:
