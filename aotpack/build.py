@@ -21,7 +21,7 @@ import aotpack
 from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity, runtime, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
-from aotpack.export import check_version, export_model, load_model_file
+from aotpack.export import check_version, export_model, load_model
 from aotpack.lowering import lower
 
 log = logging.getLogger("aotpack")
@@ -130,8 +130,11 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
 
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None,
-          allow_mismatch: bool = False, selftest: bool = False) -> BuildResult:
-    """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file.
+          allow_mismatch: bool = False, selftest: bool = False,
+          inputs_path: str | Path | None = None) -> BuildResult:
+    """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file, or from a ``.pt2``
+    exported program with ``inputs_path`` (a torch.save'd tuple of example inputs, or a
+    list of tuples: example set, then calibration sets).
 
     The Python-mode run (the same compiled kernels and extern calls the archive runs)
     is checked against eager PyTorch on the example inputs (``aotpack.parity``). With
@@ -145,7 +148,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     settings = settings or Settings.from_env()
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    model_file = load_model_file(model_path)
+    model_file = load_model(model_path, inputs_path)
     name = name or model_file.path.stem
     if not NAME_PATTERN.match(name):
         raise AotpackError(f"archive name {name!r} must start with a letter or digit and hold only "

@@ -25,7 +25,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="export, fuse, autotune and package a model file")
-    b.add_argument("model", help="model file defining model() and example_inputs()")
+    b.add_argument("model", help="model file defining model() and example_inputs(), or a "
+                                 "torch.export.save .pt2 file (with --inputs)")
+    b.add_argument("--inputs", dest="inputs_path", metavar="INPUTS.pt",
+                   help="for a .pt2: torch.save'd tuple of example inputs, or a list of tuples "
+                        "(example set, then calibration sets)")
     b.add_argument("-o", "--output-dir", default="dist", help="where the archive goes (default: dist)")
     b.add_argument("--name", help="archive name (default: the model file's stem)")
     b.add_argument("--version", help="semantic version X.Y.Z (default: the file's __version__ or 0.1.0)")
@@ -65,7 +69,8 @@ def _build(args) -> int:
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
                                  retune=args.retune or None, backend=args.backend)
     result = build(args.model, args.output_dir, args.name, args.version, settings,
-                   allow_mismatch=args.allow_mismatch, selftest=args.selftest)
+                   allow_mismatch=args.allow_mismatch, selftest=args.selftest,
+                   inputs_path=args.inputs_path)
     if args.quiet:
         print(result.archive)
         return 0
