@@ -1,7 +1,8 @@
 """aotpack: ship a PyTorch model as a versioned archive that a C++ runtime runs.
 
 Commands: build (export, fuse, autotune, package), run (the native runtime), inspect
-(manifest and autotune report), verify (checksums, native load, stored self-test).
+(manifest and autotune report), verify (checksums, native load, stored self-test), diff
+(compare two archives).
 """
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check an archive's files, load it natively, rerun its self-test")
     v.add_argument("archive")
+
+    d = sub.add_parser("diff", help="compare two archives (exit 0 same, 1 different, 2 trouble)")
+    d.add_argument("a", metavar="A")
+    d.add_argument("b", metavar="B")
+    d.add_argument("--json", action="store_true", help="print the differences as JSON")
 
     i = sub.add_parser("inspect", help="print an archive's manifest summary")
     i.add_argument("archive")
@@ -113,6 +119,18 @@ def _inspect(args) -> int:
     return 0
 
 
+def _diff(args) -> int:
+    from aotpack.diff import compare, report
+
+    try:
+        result = compare(args.a, args.b)
+    except AotpackError as exc:  # diff's convention: 2 is trouble, 1 means "different"
+        print(f"aotpack: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else "\n".join(report(result)))
+    return 0 if result["same"] else 1
+
+
 def _verify(args) -> int:
     from aotpack.verify import verify
 
@@ -127,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")
-    handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify}
+    handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify, "diff": _diff}
     try:
         return handlers[args.command](args)
     except AotpackError as exc:
