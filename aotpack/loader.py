@@ -21,10 +21,12 @@ returns as a view of an input or of a weight shares that memory.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +74,14 @@ def _take(capsule) -> int:
 
 _library_lock = threading.Lock()
 _library_handle: ctypes.CDLL | None = None
+#: Models not yet closed: closed at exit, so their extraction folders never stay behind.
+_open_models: "weakref.WeakSet[Model]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for model in list(_open_models):
+        model.close()
 
 
 def _library() -> ctypes.CDLL:
@@ -171,6 +181,7 @@ class Model:
         self.name: str = self.manifest["name"]
         self.version: str = self.manifest["version"]
         self._mutated = set(self.manifest.get("mutated_inputs", []))
+        _open_models.add(self)
 
     def __repr__(self) -> str:
         signature = ", ".join(f"{s.name}: {str(s.dtype).removeprefix('torch.')}{list(s.shape)}"

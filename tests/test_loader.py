@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -186,3 +189,17 @@ def test_runtime_library_is_located_or_explained(monkeypatch, tmp_path):
                                 "at libaotpack_runtime.so or unset it")
     monkeypatch.delenv("AOTPACK_RUNTIME_LIB")
     assert find_runtime_library().name == "libaotpack_runtime.so"
+
+
+def test_an_unclosed_model_leaves_no_folder_behind(build_model, tmp_path):
+    archive = build_model(SAMPLES / "mlp.py").archive
+    script = ("import aotpack, torch\n"
+              f"model = aotpack.load({str(archive)!r})\n"
+              "model.cycle = model  # not freed by reference counting\n"
+              "print(len(model(torch.zeros(32, 512))))\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp)), timeout=120)
+    assert (result.returncode, result.stdout) == (0, "1\n"), result.stderr
+    assert list(tmp.iterdir()) == []
