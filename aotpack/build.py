@@ -24,7 +24,7 @@ from aotpack import autotune, backends, cache, candidates, codegen, compile as c
 from aotpack import parity, runtime, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
-from aotpack.export import check_version, export_model, load_model_file
+from aotpack.export import check_version, export_model, load_model
 from aotpack.lowering import lower
 
 log = logging.getLogger("aotpack")
@@ -92,19 +92,21 @@ def _dump_debug(debug_dir: Path, name: str, graph, sets: dict, model_source: str
 
 
 def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> None:
-    """Run the finished archive with the C++ runtime on the example inputs and compare
+    """Run the finished archive in-process (aotpack.load) on the example inputs and compare
     with eager: the build's last word is about model.so, not only the Python-mode run.
 
     Raises:
         AotpackError: the native outputs differ from eager (an aotpack bug).
     """
     try:
-        runtime.find_runtime()
+        runtime.find_runtime_library()
     except AotpackError:
         log.warning("native runtime not built (make runtime): skipped running the archive before writing it")
         return
-    with tempfile.TemporaryDirectory(prefix="aotpack-check-") as work:
-        outputs, _ = runtime.run_tensors(archive, model_file.example_inputs, work)
+    from aotpack.loader import load
+
+    with load(archive) as model:
+        outputs = model.run(*[t.clone() for t in model_file.example_inputs])  # may write inputs
     check = parity.compare(outputs, reference)
     if not check.ok:
         raise AotpackError(f"{model_file.path}: the archive's native run disagrees with eager PyTorch: "
@@ -115,8 +117,11 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
 
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None,
-          allow_mismatch: bool = False, selftest: bool = False) -> BuildResult:
-    """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file.
+          allow_mismatch: bool = False, selftest: bool = False,
+          inputs_path: str | Path | None = None) -> BuildResult:
+    """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file, or from a ``.pt2``
+    exported program with ``inputs_path`` (a torch.save'd tuple of example inputs, or a
+    list of tuples: example set, then calibration sets).
 
     The Python-mode run (the same compiled kernels and extern calls the archive runs)
     is checked against eager PyTorch on the example inputs (``aotpack.parity``). With
@@ -130,7 +135,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     settings = settings or Settings.from_env()
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    model_file = load_model_file(model_path)
+    model_file = load_model(model_path, inputs_path)
     name = name or model_file.path.stem
     if not NAME_PATTERN.match(name):
         raise AotpackError(f"archive name {name!r} must start with a letter or digit and hold only "

@@ -1,7 +1,8 @@
 """aotpack: ship a PyTorch model as a versioned archive that a C++ runtime runs.
 
 Commands: build (export, fuse, autotune, package), run (the native runtime), inspect
-(manifest and autotune report), verify (checksums, native load, stored self-test).
+(manifest and autotune report), verify (checksums, native load, stored self-test), diff
+(compare two archives).
 """
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="export, fuse, autotune and package a model file")
-    b.add_argument("model", help="model file defining model() and example_inputs()")
+    b.add_argument("model", help="model file defining model() and example_inputs(), or a "
+                                 "torch.export.save .pt2 file (with --inputs)")
+    b.add_argument("--inputs", dest="inputs_path", metavar="INPUTS.pt",
+                   help="for a .pt2: torch.save'd tuple of example inputs, or a list of tuples "
+                        "(example set, then calibration sets)")
     b.add_argument("-o", "--output-dir", default="dist", help="where the archive goes (default: dist)")
     b.add_argument("--name", help="archive name (default: the model file's stem)")
     b.add_argument("--version", help="semantic version X.Y.Z (default: the file's __version__ or 0.1.0)")
@@ -43,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--selftest", action="store_true",
                    help="store example inputs and eager outputs so `aotpack verify` can re-check them")
 
-    r = sub.add_parser("run", help="run an archive with the native C++ runtime")
+    r = sub.add_parser("run", help="run an archive with the native runtime, in-process (aotpack.load)")
     r.add_argument("archive")
     r.add_argument("--inputs", nargs="+", required=True, help=".npy files, one per model input")
     r.add_argument("--output", help="write outputs to this .npz")
@@ -52,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check an archive's files, load it natively, rerun its self-test")
     v.add_argument("archive")
+
+    d = sub.add_parser("diff", help="compare two archives (exit 0 same, 1 different, 2 trouble)")
+    d.add_argument("a", metavar="A")
+    d.add_argument("b", metavar="B")
+    d.add_argument("--json", action="store_true", help="print the differences as JSON")
 
     i = sub.add_parser("inspect", help="print an archive's manifest summary")
     i.add_argument("archive")
@@ -67,7 +77,8 @@ def _build(args) -> int:
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
                                  retune=args.retune or None, backend=args.backend)
     result = build(args.model, args.output_dir, args.name, args.version, settings,
-                   allow_mismatch=args.allow_mismatch, selftest=args.selftest)
+                   allow_mismatch=args.allow_mismatch, selftest=args.selftest,
+                   inputs_path=args.inputs_path)
     if args.quiet:
         print(result.archive)
         return 0
@@ -77,10 +88,10 @@ def _build(args) -> int:
 
 
 def _run(args) -> int:
-    from aotpack.runtime import run_archive
+    from aotpack.run import run
 
-    result = run_archive(args.archive, args.inputs, args.output, args.bench, args.device_limit)
-    sys.stdout.write(result.stdout)
+    for line in run(args.archive, args.inputs, args.output, args.bench, args.device_limit):
+        print(line)
     return 0
 
 
@@ -124,6 +135,18 @@ def _inspect(args) -> int:
     return 0
 
 
+def _diff(args) -> int:
+    from aotpack.diff import compare, report
+
+    try:
+        result = compare(args.a, args.b)
+    except AotpackError as exc:  # diff's convention: 2 is trouble, 1 means "different"
+        print(f"aotpack: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else "\n".join(report(result)))
+    return 0 if result["same"] else 1
+
+
 def _verify(args) -> int:
     from aotpack.verify import verify
 
@@ -138,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")
-    handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify}
+    handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify, "diff": _diff}
     try:
         return handlers[args.command](args)
     except AotpackError as exc:

@@ -4,6 +4,10 @@ Model file contract: ``model() -> torch.nn.Module`` and ``example_inputs() ->
 tuple[Tensor, ...]`` (the real inputs the kernels are tuned on); optional
 ``calibration_inputs() -> Iterable[tuple]`` (more real input sets, same shapes and
 dtypes, timed too) and ``__version__ = "X.Y.Z"``.
+
+Or an exported program: a ``torch.export.save`` file (``.pt2``) plus a ``torch.save`` file
+of inputs (a tuple of tensors, or a list of such tuples: the first is the example set,
+the rest calibration sets); it fills the same ``ModelFile`` and skips ``torch.export``.
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ class ModelFile:
     example_inputs: tuple
     version: str | None
     calibration_inputs: list = field(default_factory=list)
+    #: Set for a .pt2 file: the program itself (``module`` is then ``exported.module()``).
+    exported: torch.export.ExportedProgram | None = None
 
 
 def _fail(path: Path, problem: str) -> AotpackError:
@@ -103,6 +109,96 @@ def load_model_file(path: str | Path) -> ModelFile:
         raise _fail(path, "example_inputs() must return a tuple of tensors")
     version = getattr(module, "__version__", None)
     return ModelFile(path, net, tuple(inputs), version, _calibration_sets(module, path, tuple(inputs)))
+
+
+PT2_SUFFIX = ".pt2"
+
+
+def load_model(path: str | Path, inputs_path: str | Path | None = None) -> ModelFile:
+    """A model file (``.py``, see :func:`load_model_file`) or an exported program
+    (``.pt2`` with ``inputs_path``, see :func:`load_exported_program`).
+
+    Raises:
+        AotpackError: ``--inputs`` missing for a .pt2 or given for a model file, or what
+            the loader raises.
+    """
+    path = Path(path)
+    if path.suffix == PT2_SUFFIX:
+        if inputs_path is None:
+            raise _fail(path.resolve(), "an exported program needs its inputs: pass --inputs INPUTS.pt "
+                                        "(a torch.save'd tuple of example tensors)")
+        return load_exported_program(path, inputs_path)
+    if path.suffix != ".py":
+        raise _fail(path.resolve(), "expected a model file (.py) or an exported program (.pt2)")
+    if inputs_path is not None:
+        raise _fail(path.resolve(), "--inputs is for .pt2 exported programs; a model file provides "
+                                    "example_inputs()")
+    return load_model_file(path)
+
+
+def _input_sets(loaded, inputs_path: Path) -> list[tuple]:
+    """The sets of a torch.save'd inputs file: a tensor, a tuple of tensors, or a list of
+    tuples (example set first)."""
+    if isinstance(loaded, torch.Tensor):
+        return [(loaded,)]
+    if isinstance(loaded, (tuple, list)) and loaded and all(isinstance(t, torch.Tensor) for t in loaded):
+        return [tuple(loaded)]
+    if (isinstance(loaded, list) and loaded
+            and all(isinstance(s, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in s)
+                    for s in loaded)):
+        return [tuple(s) for s in loaded]
+    raise _fail(inputs_path, "expected a tuple of tensors (the example inputs) or a list of such tuples "
+                             f"(example set first, then calibration sets), got {type(loaded).__name__}")
+
+
+def load_exported_program(path: str | Path, inputs_path: str | Path) -> ModelFile:
+    """Load a ``torch.export.save`` file and its ``torch.save``'d inputs into a ModelFile.
+
+    Raises:
+        AotpackError: either file is missing or unreadable, the inputs file does not hold
+            tensor sets, the sets differ in dtype or shape, or the program rejects them.
+    """
+    path, inputs_path = Path(path).resolve(), Path(inputs_path).resolve()
+    for file in (path, inputs_path):
+        if not file.is_file():
+            raise _fail(file, "file not found")
+    try:
+        with _quiet_torch():
+            exported = torch.export.load(path)
+    except Exception as exc:
+        raise _fail(path, f"not a torch.export.save file: {type(exc).__name__}: "
+                          f"{_first_line(exc)}") from None
+    try:
+        loaded = torch.load(inputs_path, weights_only=True)
+    except Exception as exc:
+        raise _fail(inputs_path, f"not a torch.save file of tensors: {type(exc).__name__}: "
+                                 f"{_first_line(exc)}") from None
+    example, *calibration = _input_sets(loaded, inputs_path)
+    _check_sets(inputs_path, example, calibration, "input set")
+    module = exported.module()
+    try:  # on a copy: the program's buffers share storage with it and may be updated
+        with torch.no_grad(), _quiet_torch():
+            copy.deepcopy(module)(*[t.clone() for t in example])
+    except Exception as exc:
+        raise _fail(inputs_path, f"the example inputs do not fit {path.name}: {type(exc).__name__}: "
+                                 f"{_first_line(exc)}") from None
+    return ModelFile(path, module, example, None, calibration, exported)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_sets(path: Path, example: tuple, sets: list[tuple], what: str) -> None:
+    """Raises AotpackError unless every set matches the example's dtypes and shapes."""
+    want = [(t.dtype, tuple(t.shape)) for t in example]
+    for number, inputs in enumerate(sets):
+        got = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t).__name__, ())
+               for t in inputs]
+        if got != want:
+            raise _fail(path, f"{what} {number + 1} is {_describe(got)}, but the example inputs are "
+                              f"{_describe(want)}; shapes are static, so every set must match")
 
 
 def _calibration_sets(module, path: Path, example: tuple) -> list[tuple]:
@@ -174,9 +270,16 @@ def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
     Raises:
         AotpackError: export failed; names the model file and torch's reason.
     """
+    path = model_file.path
+    if model_file.exported is not None:  # a .pt2: already exported, decompose a copy
+        try:
+            with _quiet_torch():
+                return copy.deepcopy(model_file.exported).run_decompositions(decomposition_table())
+        except Exception as exc:
+            raise _fail(path, f"decomposing the exported graph failed: {type(exc).__name__}: "
+                              f"{_first_line(exc)}") from exc
     module = copy.deepcopy(model_file.module).eval()
     inputs = tuple(t.clone() for t in model_file.example_inputs)
-    path = model_file.path
     try:
         with torch.no_grad(), _quiet_torch():
             ep = torch.export.export(module, inputs, strict=False)

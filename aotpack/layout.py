@@ -1,7 +1,7 @@
 """Every path inside a ``.aotpack`` archive, and the archive's format version, in one place.
 
 The writer (``aotpack.package``, ``aotpack.build``), the checks (``aotpack.verify``), the
-generated model C++ (``aotpack.cpp_wrapper``) and the tests use these names; the C++
+generated model C++ (``aotpack.backends.cpu.cpp_wrapper``) and the tests use these names; the C++
 runtime uses the same values from ``native/include/aotpack/archive_layout.h``, which
 this module generates (``header()``). After changing a value here regenerate it::
 

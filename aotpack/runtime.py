@@ -11,13 +11,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from aotpack.config import ENV_RUNTIME
+from aotpack.config import ENV_RUNTIME, ENV_RUNTIME_LIB
 from aotpack.errors import AotpackError
 from aotpack.package import read_manifest
 
 #: A source checkout's root (editable installs); the runtime builds into native/build.
 CHECKOUT = Path(__file__).resolve().parents[1]
 BUILD_HINT = "build it with `make runtime` (see native/README.md)"
+RUNTIME_LIBRARY = "libaotpack_runtime.so"
 
 
 def find_runtime() -> Path:
@@ -37,6 +38,33 @@ def find_runtime() -> Path:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)
     raise AotpackError(f"native runtime aotpack-run not found; {BUILD_HINT}")
+
+
+def find_runtime_library() -> Path:
+    """Path of ``libaotpack_runtime.so``: ``$AOTPACK_RUNTIME_LIB``, ``native/build/``, then
+    installed next to the package (``aotpack/lib/``) or under the environment's prefix
+    (``<sys.prefix>/lib``, where ``cmake --install --prefix`` puts it).
+
+    Raises:
+        AotpackError: not found; the message names the places looked at and how to build it.
+    """
+    import sys
+
+    chosen = os.environ.get(ENV_RUNTIME_LIB)
+    if chosen:
+        if Path(chosen).is_file():
+            return Path(chosen)
+        raise AotpackError(f"{ENV_RUNTIME_LIB}={chosen} is not a file; point it at {RUNTIME_LIBRARY} "
+                           "or unset it")
+    candidates = [CHECKOUT / "native" / "build" / RUNTIME_LIBRARY,
+                  Path(__file__).resolve().parent / "lib" / RUNTIME_LIBRARY,
+                  Path(sys.prefix) / "lib" / RUNTIME_LIBRARY]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise AotpackError(f"native runtime library {RUNTIME_LIBRARY} not found (looked in "
+                       f"{', '.join(str(c.parent) for c in candidates)}); {BUILD_HINT}, or set "
+                       f"{ENV_RUNTIME_LIB}")
 
 
 def run_archive(archive: str | Path, inputs: list[str | Path], output: str | Path | None = None,

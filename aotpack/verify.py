@@ -6,13 +6,12 @@ Three checks, each printed as one line:
 2. load: the native runtime opens it as a deployment would (checksums again, torch
    version, CPU features of the target ISA, model.so and every kernel's wrapper);
 3. self-test, when the archive was built with ``--selftest``: the native runtime runs
-   the stored example inputs and its outputs are compared with the stored eager
-   outputs (``aotpack.parity`` tolerances).
+   the stored example inputs in-process (``aotpack.load``) and its outputs are compared
+   with the stored eager outputs (``aotpack.parity`` tolerances).
 """
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from pathlib import Path
 
 import safetensors.torch
@@ -21,7 +20,7 @@ from aotpack import parity
 from aotpack.errors import AotpackError
 from aotpack.layout import SELFTEST_INPUTS_PATH, SELFTEST_OUTPUTS_PATH
 from aotpack.package import read_manifest, read_members, verify_files
-from aotpack.runtime import find_runtime, run_tensors
+from aotpack.runtime import find_runtime
 
 
 def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
@@ -58,8 +57,10 @@ def verify(archive: str | Path) -> list[str]:
     stored = safetensors.torch.load(members[SELFTEST_INPUTS_PATH])  # a dict: order by name
     inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
     expected = safetensors.torch.load(members[SELFTEST_OUTPUTS_PATH])
-    with tempfile.TemporaryDirectory(prefix="aotpack-verify-") as work:
-        outputs, _ = run_tensors(archive, inputs, work)
+    from aotpack.loader import load
+
+    with load(archive) as model:
+        outputs = model.run(*inputs)
     names = [o["name"] for o in manifest["outputs"]]
     tolerance = manifest["selftest"]
     result = parity.compare(outputs, [expected[n] for n in names], atol=tolerance.get("atol", parity.ATOL),

@@ -12,7 +12,7 @@ from aotpack import parity
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.export import load_model_file
-from aotpack.runtime import run_tensors
+from aotpack.loader import load
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "samples"
@@ -51,9 +51,11 @@ def eager_outputs(path) -> tuple[list[torch.Tensor], tuple]:
 
 
 def assert_native_parity(archive, path, tmp_path, atol=parity.ATOL, rtol=parity.RTOL) -> float:
-    """Run ``archive`` with the C++ runtime and compare to eager; returns max abs error."""
+    """Run ``archive`` with the native runtime in-process (``aotpack.load``) and compare to
+    eager; returns max abs error."""
     reference, inputs = eager_outputs(path)
-    outputs, _ = run_tensors(archive, inputs, tmp_path)
+    with load(archive) as model:
+        outputs = model.run(*inputs)
     check = parity.compare(outputs, reference, atol=atol, rtol=rtol)
     assert check.ok, check.problems
     return check.max_abs_error

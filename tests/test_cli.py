@@ -1,4 +1,5 @@
 """The aotpack command as a user meets it: inspect, run, messages."""
+import re
 import subprocess
 import sys
 
@@ -82,11 +83,34 @@ def test_run_writes_named_outputs(build_model, tmp_path):
 def test_runtime_override_must_exist(build_model, tmp_path):
     import os
     archive = build_model(MODELS / "dict_outputs.py").archive
-    env = dict(os.environ, AOTPACK_RUNTIME=str(tmp_path / "missing"))
+    env = dict(os.environ, AOTPACK_RUNTIME_LIB=str(tmp_path / "missing"))
     result = aotpack("run", archive, "--inputs", tmp_path / "x.npy", env=env)
+    assert result.returncode == 1
+    assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME_LIB={tmp_path / 'missing'} is not a "
+                             "file; point it at libaotpack_runtime.so or unset it\n")
+    env = dict(os.environ, AOTPACK_RUNTIME=str(tmp_path / "missing"))  # verify's load check
+    result = aotpack("verify", archive, env=env)
     assert result.returncode == 1
     assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME={tmp_path / 'missing'} is not an "
                              "executable file; point it at aotpack-run or unset it\n")
+
+
+def test_run_prints_outputs_and_benchmarks(build_model, tmp_path):
+    archive = build_model(MODELS / "dict_outputs.py").archive
+    x = tmp_path / "x.npy"
+    np.save(x, np.linspace(-1, 1, 6, dtype=np.float32))
+    result = aotpack("run", archive, "--inputs", x)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "logits: float32[6] = -2 -1.2 -0.4 0.4 1.2 2"
+    result = aotpack("run", archive, "--inputs", x, "--bench", "5")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("load_ms=")
+    assert re.fullmatch(r"latency_us median=[0-9.]+ p10=[0-9.]+ p90=[0-9.]+ runs=5", lines[1])
+    result = aotpack("run", archive, "--inputs", x, x)
+    assert result.returncode == 1
+    assert result.stderr == ("aotpack: error: model 'dict_outputs' 0.1.0 takes 1 input(s) (x), got 2 "
+                             "file(s)\n")
 
 
 @pytest.mark.parametrize("version", ["01.2.3", "1.2", ""])

@@ -5,24 +5,24 @@
 #include <cstring>
 
 #include "aotpack/runtime.h"
+#include "c_api.h"
 #include "dtype.h"
 #include "host.h"
 #include "tensor_handle.h"
 
-struct aotpack_model {
-  aotpack::Model model;
-};
+std::string& aotpack::detail::c_api_last_error() {
+  thread_local std::string message;
+  return message;
+}
 
 namespace {
 
 using aotpack::detail::fail;
 
-thread_local std::string t_last_error;
-
 // Runs `body`; maps any exception to status 1 and aotpack_last_error().
 template <class Body>
 int32_t guarded(Body&& body) noexcept {
-  return aotpack::detail::guarded(t_last_error, std::forward<Body>(body));
+  return aotpack::detail::c_api_guarded(std::forward<Body>(body));
 }
 
 const aotpack::Model& model_of(const aotpack_model_t* model) {
@@ -62,7 +62,7 @@ std::vector<int64_t> dims(int64_t ndim, const int64_t* values, const char* what)
 
 extern "C" {
 
-const char* aotpack_last_error(void) { return t_last_error.c_str(); }
+const char* aotpack_last_error(void) { return aotpack::detail::c_api_last_error().c_str(); }
 
 int32_t aotpack_model_load(const char* archive, int32_t device_limit, aotpack_model_t** out) {
   return guarded([&] {
@@ -111,6 +111,10 @@ int32_t aotpack_model_num_inputs(const aotpack_model_t* model, int64_t* out) {
 
 int32_t aotpack_model_num_outputs(const aotpack_model_t* model, int64_t* out) {
   return guarded([&] { *checked_out(out) = model_of(model).outputs().size(); });
+}
+
+int32_t aotpack_model_stats(const aotpack_model_t* model, AotpackRunStats* out) {
+  return guarded([&] { *checked_out(out) = model_of(model).stats(); });
 }
 
 int32_t aotpack_model_input_spec(const aotpack_model_t* model, int64_t index,

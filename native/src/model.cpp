@@ -168,6 +168,7 @@ struct __attribute__((visibility("hidden"))) Model::Impl {
   ModelLibrary library;  // declared after dir: unloaded before the folder is removed
   void* instance = nullptr;
   std::mutex run_mutex;  // runs are serialised: the model may write its buffers in place
+  AotpackRunStats stats{};  // guarded by run_mutex
 
   ~Impl() {
     if (instance) library.destroy(instance);
@@ -230,6 +231,10 @@ std::vector<at::Tensor> Model::Impl::run(const std::vector<at::Tensor>& inputs) 
   prepared.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
     prepared.push_back(prepare_input(inputs[i], i, in_specs[i]));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool same = prepared[i].unsafeGetTensorImpl() == inputs[i].unsafeGetTensorImpl();
+    ++(same ? stats.inputs_used : stats.inputs_copied);
+  }
   std::vector<AotpackTensor> in_handles;
   for (const at::Tensor& t : prepared) in_handles.push_back(detail::borrow_handle(t));
   std::vector<AotpackTensor> out_handles(out_specs.size(), nullptr);
@@ -239,6 +244,7 @@ std::vector<at::Tensor> Model::Impl::run(const std::vector<at::Tensor>& inputs) 
   for (AotpackTensor h : out_handles) outputs.push_back(h ? detail::take_handle(h) : at::Tensor());
   if (rc != 0) fail("aotpack_model_run failed: " + library.error_message());
   for (size_t i = 0; i < outputs.size(); ++i) check_output(outputs[i], i, out_specs[i]);
+  ++stats.runs;
   return outputs;
 }
 
@@ -270,6 +276,11 @@ const std::vector<TensorSpec>& Model::inputs() const { return impl_->manifest.in
 const std::vector<TensorSpec>& Model::outputs() const { return impl_->manifest.outputs; }
 const std::string& Model::manifest_json() const { return impl_->manifest.text; }
 const std::string& Model::archive_path() const { return impl_->archive_path; }
+
+AotpackRunStats Model::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->run_mutex);
+  return impl_->stats;
+}
 
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::Model(Model&&) noexcept = default;

@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "aotpack/dlpack.h"
 #include "aotpack/model_abi.h"
 
 #ifdef __cplusplus
@@ -62,6 +63,41 @@ AOTPACK_EXPORT void aotpack_model_free(aotpack_model_t* model);
 AOTPACK_EXPORT int32_t aotpack_model_run(aotpack_model_t* model, const AotpackTensor* inputs,
                                          int64_t num_inputs, AotpackTensor* outputs,
                                          int64_t num_outputs);
+
+/* Run once on DLPack tensors (DLPack 1.x, https://dmlc.github.io/dlpack/latest/).
+ *   inputs:  num_inputs DLManagedTensorVersioned in manifest order. The runtime takes
+ *            ownership of each (the DLPack consumer rule), also on error: it calls the
+ *            deleter once it no longer needs the memory, at the end of the call or later
+ *            while an output that views the input lives. Each must be on kDLCPU with
+ *            major version 1, the manifest's dtype and exactly its shape; strides NULL
+ *            means row-major. An input whose strides match the manifest's (dimensions of
+ *            size 1 aside) is used in place, without a copy; other strides are copied into
+ *            the manifest layout. Negative strides are refused. To keep using a tensor
+ *            after the call, pass a DLManagedTensorVersioned whose deleter does not free it.
+ *   outputs: num_outputs slots, each receives a new DLManagedTensorVersioned (version
+ *            1.DLPACK_MINOR_VERSION, flags 0) that shares the output tensor's memory: no
+ *            copy is made. The receiver owns it and calls its deleter once; it may outlive
+ *            the model. As in eager PyTorch, an output may share memory with an input or a
+ *            model constant when the model returns a view of one.
+ * On error no output is written (every slot is NULL). Thread-safety as aotpack_model_run. */
+AOTPACK_EXPORT int32_t aotpack_model_run_dlpack(aotpack_model_t* model,
+                                                DLManagedTensorVersioned* const* inputs,
+                                                int64_t num_inputs,
+                                                DLManagedTensorVersioned** outputs,
+                                                int64_t num_outputs);
+
+/* Counters of one model since it was loaded, for diagnostics and tests. */
+typedef struct AotpackRunStats {
+  int64_t runs;            /* runs that completed successfully                        */
+  int64_t inputs_used;     /* inputs passed to model.so as they came (no copy)        */
+  int64_t inputs_copied;   /* inputs copied into the manifest layout first            */
+} AotpackRunStats;
+
+AOTPACK_EXPORT int32_t aotpack_model_stats(const aotpack_model_t* model, AotpackRunStats* out);
+
+/* DLManagedTensorVersioned this runtime handed out (all models) whose deleter has not run
+ * yet: a leak check for callers of aotpack_model_run_dlpack. */
+AOTPACK_EXPORT int64_t aotpack_dlpack_live_tensors(void);
 
 /* Manifest accessors. Strings stay valid while the model lives. */
 AOTPACK_EXPORT int32_t aotpack_model_name(const aotpack_model_t* model, const char** out);
@@ -138,6 +174,8 @@ class AOTPACK_EXPORT Model {
   const std::string& manifest_json() const;
   /// The path given to load().
   const std::string& archive_path() const;
+  /// Counters since load (see AotpackRunStats).
+  AotpackRunStats stats() const;
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;

@@ -1,0 +1,317 @@
+"""``aotpack.load``: run an archive inside this Python process, tensors crossing by DLPack.
+
+    model = aotpack.load("dist/mlp-0.1.0.aotpack")
+    (y,) = model(x)        # torch tensors or numpy arrays in, a list of torch tensors out
+
+The binding is ctypes over the C API of ``native/include/aotpack/runtime.h``
+(``aotpack_model_load``, ``aotpack_model_run_dlpack``, ...) rather than a compiled
+extension (nanobind, pybind11): that C API is already the runtime's stable boundary
+(opaque handles, status codes, a thread-local error message, no C++ types), so a
+binding over it needs no compile step, no second build against Python's headers and no
+coupling to one Python ABI. ctypes drops the GIL for each foreign call, so threads run
+concurrently up to the runtime's own per-model lock. Its cost, a few microseconds of
+argument marshalling per call, is small next to a model run.
+
+Zero copy: inputs go in as the producer's own DLPack export (``__dlpack__``), which the
+runtime adopts (it keeps the memory alive while an output views it); it uses them in place
+when dtype, shape and strides match the manifest and copies only other strides. Outputs
+come back as DLPack tensors that share the runtime's memory (``torch.from_dlpack``); they
+stay valid after the model is closed. As in eager PyTorch, an output that the model
+returns as a view of an input or of a weight shares that memory.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aotpack.errors import AotpackError
+from aotpack.runtime import find_runtime_library
+
+# DLPack 1.x capsule names; a capsule keeps a pointer to its name, so these live forever.
+_VERSIONED_NAME = ctypes.c_char_p(b"dltensor_versioned")
+_USED_NAME = ctypes.c_char_p(b"used_dltensor_versioned")  # a consumer took ownership
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    """The head of DLManagedTensorVersioned (dlpack.h v1.x) up to dl_tensor.data."""
+
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p)),
+                ("flags", ctypes.c_uint64), ("data", ctypes.c_void_p)]
+
+
+class _RunStats(ctypes.Structure):
+    _fields_ = [("runs", ctypes.c_int64), ("inputs_used", ctypes.c_int64),
+                ("inputs_copied", ctypes.c_int64)]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                                 ctypes.c_void_p]
+_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_is_valid.restype, _capsule_is_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+_capsule_set_name = ctypes.pythonapi.PyCapsule_SetName
+_capsule_set_name.restype, _capsule_set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+
+
+def _take(capsule) -> int:
+    """The DLManagedTensorVersioned of a capsule, now owned by the caller (the capsule is
+    renamed as used, so its destructor no longer frees it)."""
+    pointer = _capsule_pointer(capsule, _VERSIONED_NAME)
+    _capsule_set_name(capsule, _USED_NAME)
+    return pointer
+
+_library_lock = threading.Lock()
+_library_handle: ctypes.CDLL | None = None
+#: Models not yet closed: closed at exit, so their extraction folders never stay behind.
+_open_models: "weakref.WeakSet[Model]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for model in list(_open_models):
+        model.close()
+
+
+def _library() -> ctypes.CDLL:
+    """libaotpack_runtime, loaded once per process with its C API's signatures declared."""
+    global _library_handle
+    with _library_lock:
+        if _library_handle is None:
+            path = find_runtime_library()
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:
+                raise AotpackError(f"cannot load {path}: {exc}; rebuild it against this torch "
+                                   "(`make runtime`)") from None
+            p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+            signatures = {
+                "aotpack_last_error": (ctypes.c_char_p, []),
+                "aotpack_model_load": (i32, [ctypes.c_char_p, i32, ctypes.POINTER(p)]),
+                "aotpack_model_free": (None, [p]),
+                "aotpack_model_manifest_json": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
+                "aotpack_model_run_dlpack": (i32, [p, ctypes.POINTER(p), i64, ctypes.POINTER(p), i64]),
+                "aotpack_model_stats": (i32, [p, ctypes.POINTER(_RunStats)]),
+                "aotpack_dlpack_live_tensors": (i64, []),
+            }
+            for name, (restype, argtypes) in signatures.items():
+                try:
+                    function = getattr(lib, name)
+                except AttributeError:
+                    raise AotpackError(f"{path} does not export {name}; it is older than this aotpack, "
+                                       "rebuild it (`make runtime`)") from None
+                function.restype, function.argtypes = restype, argtypes
+            _library_handle = lib
+        return _library_handle
+
+
+def _last_error(lib: ctypes.CDLL) -> str:
+    return lib.aotpack_last_error().decode("utf-8", "replace") or "unknown runtime error"
+
+
+def live_runtime_tensors() -> int:
+    """Outputs the runtime lent out by DLPack whose memory is still in use (all models).
+
+    A diagnostic: it rises by one per output returned and falls when the last torch
+    tensor viewing that memory is freed, which shows outputs are the runtime's memory,
+    not copies, and that none leak."""
+    return int(_library().aotpack_dlpack_live_tensors())
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of the model's signature (from manifest.json).
+
+    shape and strides are in elements; the runtime accepts exactly this dtype and shape.
+    """
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @classmethod
+    def from_manifest(cls, entry: dict) -> "TensorSpec":
+        return cls(entry["name"], getattr(torch, entry["dtype"]), tuple(entry["shape"]),
+                   tuple(entry["strides"]))
+
+
+class Model:
+    """A loaded archive; call it like a function. Use :func:`load` to create one.
+
+    Thread-safe: several threads may call one model; the runtime serialises its runs
+    (the model may write its buffers in place), and separate models run in parallel.
+    """
+
+    def __init__(self, path: str | Path, device_limit: int | None = None):
+        if device_limit is None:
+            device_limit = 0
+        elif isinstance(device_limit, bool) or not isinstance(device_limit, int) or device_limit < 1:
+            raise AotpackError(f"device_limit must be a positive number of cores or None (the "
+                               f"limit recorded at build time), got {device_limit!r}")
+        self._lib = _library()
+        self.path = Path(path)
+        handle = ctypes.c_void_p()
+        if self._lib.aotpack_model_load(os.fsencode(self.path), device_limit, ctypes.byref(handle)):
+            raise AotpackError(_last_error(self._lib))
+        self._handle = handle
+        self._state = threading.Condition()
+        self._active = 0
+        text = ctypes.c_char_p()
+        if self._lib.aotpack_model_manifest_json(handle, ctypes.byref(text)):
+            message = _last_error(self._lib)
+            self.close()
+            raise AotpackError(message)
+        #: manifest.json of the archive, parsed.
+        self.manifest: dict = json.loads(text.value.decode("utf-8"))
+        #: The signature, in the order run() takes and returns tensors.
+        self.inputs: list[TensorSpec] = [TensorSpec.from_manifest(e) for e in self.manifest["inputs"]]
+        self.outputs: list[TensorSpec] = [TensorSpec.from_manifest(e) for e in self.manifest["outputs"]]
+        self.name: str = self.manifest["name"]
+        self.version: str = self.manifest["version"]
+        self._mutated = set(self.manifest.get("mutated_inputs", []))
+        _open_models.add(self)
+
+    def __repr__(self) -> str:
+        signature = ", ".join(f"{s.name}: {str(s.dtype).removeprefix('torch.')}{list(s.shape)}"
+                              for s in self.inputs)
+        return f"<aotpack.Model {self.name} {self.version} ({signature})>"
+
+    def _label(self, index: int) -> str:
+        name = f" ('{self.inputs[index].name}')" if index < len(self.inputs) else ""
+        return f"model '{self.name}' {self.version}: input {index}{name}"
+
+    def _export(self, index: int, value):
+        """The DLPack 1.x capsule of one input (kept alive by the caller during the run)."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+        elif isinstance(value, np.ndarray):
+            if any(stride < 0 for stride in value.strides):  # DLPack has no negative strides
+                value = np.ascontiguousarray(value)
+            if (not value.flags.writeable and index < len(self.inputs)
+                    and self.inputs[index].name in self._mutated):
+                raise AotpackError(f"{self._label(index)}: the model writes this input in place, but "
+                                   "the array is read-only; pass a writeable copy")
+        else:
+            raise AotpackError(f"{self._label(index)}: expected a torch.Tensor or numpy.ndarray, got "
+                               f"{type(value).__name__}")
+        try:
+            capsule = value.__dlpack__(max_version=(1, 0))
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise AotpackError(f"{self._label(index)}: cannot be passed by DLPack: {exc}") from None
+        if not _capsule_is_valid(capsule, _VERSIONED_NAME):
+            raise AotpackError(f"{self._label(index)}: its DLPack export is not versioned (DLPack "
+                               "1.x); upgrade torch or numpy")
+        return capsule
+
+    def run(self, *tensors) -> list[torch.Tensor]:
+        """Run once.
+
+        Args:
+            tensors: one CPU torch.Tensor or numpy.ndarray per input, in manifest order,
+                with exactly the dtype and shape of ``self.inputs`` (any strides; those of
+                the manifest are used without a copy).
+
+        Returns:
+            One torch tensor per output, in manifest order, sharing the runtime's memory.
+
+        Raises:
+            AotpackError: wrong number of inputs, wrong type, dtype, shape or device, a
+                closed model, or a failure inside the model; one line naming the model
+                and the input.
+        """
+        capsules = [self._export(i, t) for i, t in enumerate(tensors)]
+        inputs = (ctypes.c_void_p * max(len(capsules), 1))()
+        outputs = (ctypes.c_void_p * max(len(self.outputs), 1))()
+        with self._state:
+            if self._handle is None:
+                raise AotpackError(f"model '{self.name}' {self.version} is closed")
+            self._active += 1
+        try:
+            for i, capsule in enumerate(capsules):  # the runtime owns the inputs from here on
+                inputs[i] = _take(capsule)
+            rc = self._lib.aotpack_model_run_dlpack(self._handle, inputs, len(capsules), outputs,
+                                                    len(self.outputs))
+            if rc:
+                raise AotpackError(_last_error(self._lib))
+        finally:
+            with self._state:
+                self._active -= 1
+                self._state.notify_all()
+        return _to_torch([outputs[i] for i in range(len(self.outputs))])
+
+    __call__ = run
+
+    def stats(self) -> dict[str, int]:
+        """Counters since load: ``runs``, ``inputs_used`` (passed in place, no copy) and
+        ``inputs_copied`` (copied into the manifest's strides first)."""
+        stats = _RunStats()
+        with self._state:
+            if self._handle is None:
+                raise AotpackError(f"model '{self.name}' {self.version} is closed")
+            if self._lib.aotpack_model_stats(self._handle, ctypes.byref(stats)):
+                raise AotpackError(_last_error(self._lib))
+        return {"runs": stats.runs, "inputs_used": stats.inputs_used, "inputs_copied": stats.inputs_copied}
+
+    def close(self) -> None:
+        """Unload the model (waits for running calls). Outputs already returned stay valid."""
+        state = getattr(self, "_state", None)
+        if state is None:
+            return
+        with state:
+            while self._active:
+                state.wait()
+            handle, self._handle = self._handle, None
+        if handle:
+            self._lib.aotpack_model_free(handle)
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+def _to_torch(pointers: list[int]) -> list[torch.Tensor]:
+    """torch tensors over DLManagedTensorVersioned the runtime handed out; frees what it
+    cannot convert, so nothing leaks on error."""
+    tensors = []
+    for number, pointer in enumerate(pointers):
+        capsule = _capsule_new(pointer, _VERSIONED_NAME, None)
+        try:
+            tensors.append(torch.from_dlpack(capsule))
+        except BaseException:
+            for rest in [capsule, *[_capsule_new(p, _VERSIONED_NAME, None) for p in pointers[number + 1:]]]:
+                if _capsule_is_valid(rest, _VERSIONED_NAME):  # not taken over by torch
+                    managed = _DLManagedTensorVersioned.from_address(_capsule_pointer(rest, _VERSIONED_NAME))
+                    managed.deleter(ctypes.addressof(managed))
+            raise
+    return tensors
+
+
+def load(path: str | Path, device_limit: int | None = None) -> Model:
+    """Verify, extract and load an archive into this process (libaotpack_runtime).
+
+    Args:
+        path: the ``.aotpack`` file.
+        device_limit: cores the kernels may use; None = the limit recorded at build time.
+
+    Raises:
+        AotpackError: the runtime library is missing (the message says how to build it)
+            or the archive fails a check (checksums, torch version, CPU features, ABI).
+    """
+    return Model(path, device_limit)

@@ -1,0 +1,174 @@
+// aotpack_model_run_dlpack: the C API's DLPack door. Inputs are adopted in place
+// (at::from_blob over their memory, no copy; their deleter runs when the runtime is done
+// with them); outputs are handed out as DLManagedTensorVersioned that keep the runtime's
+// at::Tensor alive (no copy either).
+#include <ATen/DLConvertor.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/InferenceMode.h>
+
+#include <atomic>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "c_api.h"
+#include "util.h"
+
+namespace {
+
+using aotpack::detail::fail;
+
+std::atomic<int64_t> g_live_tensors{0};
+
+// One output handed out: the tensor it shares memory with, and the arrays its DLTensor
+// points at. Freed by its own deleter.
+struct Exported {
+  at::Tensor tensor;
+  std::vector<int64_t> shape, strides;
+  DLManagedTensorVersioned managed{};
+};
+
+void delete_exported(DLManagedTensorVersioned* self) {
+  if (self == nullptr) return;
+  delete static_cast<Exported*>(self->manager_ctx);
+  g_live_tensors.fetch_sub(1, std::memory_order_relaxed);
+}
+
+DLManagedTensorVersioned* export_tensor(at::Tensor tensor) {
+  auto owned = std::make_unique<Exported>();
+  owned->shape = tensor.sizes().vec();
+  owned->strides = tensor.strides().vec();
+  DLManagedTensorVersioned& m = owned->managed;
+  m.version.major = DLPACK_MAJOR_VERSION;
+  m.version.minor = DLPACK_MINOR_VERSION;
+  m.flags = 0;
+  m.deleter = delete_exported;
+  DLTensor& dl = m.dl_tensor;
+  dl.data = tensor.numel() > 0 ? tensor.data_ptr() : nullptr;
+  dl.device = DLDevice{kDLCPU, 0};
+  dl.ndim = static_cast<int32_t>(owned->shape.size());
+  dl.dtype = at::getDLDataType(tensor);
+  dl.shape = owned->shape.data();
+  dl.strides = owned->strides.data();
+  dl.byte_offset = 0;
+  owned->tensor = std::move(tensor);
+  m.manager_ctx = owned.get();
+  g_live_tensors.fetch_add(1, std::memory_order_relaxed);
+  return &owned.release()->managed;
+}
+
+std::string describe_dl_dtype(const DLDataType& dtype) {
+  return "DLPack dtype (code " + std::to_string(dtype.code) + ", bits " +
+         std::to_string(dtype.bits) + ", lanes " + std::to_string(dtype.lanes) + ")";
+}
+
+// Calls a DLManagedTensorVersioned's deleter once, unless released first.
+class InputOwner {
+ public:
+  explicit InputOwner(DLManagedTensorVersioned* managed) : managed_(managed) {}
+  InputOwner(const InputOwner&) = delete;
+  InputOwner& operator=(const InputOwner&) = delete;
+  ~InputOwner() {
+    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+  }
+  DLManagedTensorVersioned* release() { return std::exchange(managed_, nullptr); }
+
+ private:
+  DLManagedTensorVersioned* managed_;
+};
+
+// `managed` as an at::Tensor over the same memory (no copy) that owns it: its deleter runs
+// when the last tensor using that memory is freed (an output may view an input). On error
+// the deleter runs at once. Throws naming the input.
+at::Tensor adopt_input(DLManagedTensorVersioned* managed, const std::string& label) {
+  if (managed == nullptr) fail(label + ": NULL DLManagedTensorVersioned");
+  InputOwner owner(managed);
+  if (managed->version.major != DLPACK_MAJOR_VERSION)
+    fail(label + ": DLPack version " + std::to_string(managed->version.major) + "." +
+         std::to_string(managed->version.minor) + " is not supported (this runtime reads " +
+         std::to_string(DLPACK_MAJOR_VERSION) + ".x)");
+  const DLTensor& dl = managed->dl_tensor;
+  if (dl.device.device_type != kDLCPU)
+    fail(label + ": expected a CPU tensor (kDLCPU), got DLPack device type " +
+         std::to_string(static_cast<int>(dl.device.device_type)));
+  if (dl.ndim < 0) fail(label + ": negative ndim " + std::to_string(dl.ndim));
+  if (dl.ndim > 0 && dl.shape == nullptr) fail(label + ": NULL shape");
+  c10::ScalarType dtype;
+  try {
+    dtype = at::toScalarType(dl.dtype);
+  } catch (const std::exception&) {
+    fail(label + ": " + describe_dl_dtype(dl.dtype) + " has no torch dtype");
+  }
+  std::vector<int64_t> shape(dl.shape, dl.shape + dl.ndim);
+  std::vector<int64_t> strides(static_cast<size_t>(dl.ndim));
+  if (dl.strides != nullptr) {
+    strides.assign(dl.strides, dl.strides + dl.ndim);
+  } else {  // DLPack < 1.2: NULL strides mean compact row-major
+    int64_t step = 1;
+    for (int64_t d = dl.ndim - 1; d >= 0; --d) {
+      strides[d] = step;
+      step *= shape[d];
+    }
+  }
+  for (int64_t d = 0; d < dl.ndim; ++d)
+    if (strides[d] < 0) fail(label + ": negative strides are not supported; pass a copy");
+  char* data = static_cast<char*>(dl.data) + dl.byte_offset;
+  at::Tensor tensor = at::from_blob(
+      data, shape, strides,
+      [managed](void*) {
+        if (managed->deleter != nullptr) managed->deleter(managed);
+      },
+      at::TensorOptions().dtype(dtype));
+  owner.release();  // the tensor's storage owns it now
+  return tensor;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t aotpack_model_run_dlpack(aotpack_model_t* model, DLManagedTensorVersioned* const* inputs,
+                                 int64_t num_inputs, DLManagedTensorVersioned** outputs,
+                                 int64_t num_outputs) {
+  for (int64_t i = 0; outputs != nullptr && i < num_outputs; ++i) outputs[i] = nullptr;
+  return aotpack::detail::c_api_guarded([&] {
+    if (model == nullptr) fail("NULL model handle");
+    aotpack::Model& m = model->model;
+    const std::string prefix = "model '" + m.name() + "' " + m.version() + ": ";
+    if (num_inputs < 0 || (num_inputs > 0 && inputs == nullptr)) fail(prefix + "bad input array");
+    const int64_t expected = static_cast<int64_t>(m.outputs().size());
+    if (num_outputs != expected || (num_outputs > 0 && outputs == nullptr))
+      fail(prefix + "the model has " + std::to_string(expected) +
+           " output(s), the caller passed " + std::to_string(num_outputs) + " slot(s)");
+    // Every input is owned from here on, whatever happens next.
+    std::vector<std::unique_ptr<InputOwner>> owners;
+    for (int64_t i = 0; i < num_inputs; ++i)
+      owners.push_back(std::make_unique<InputOwner>(inputs[i]));
+    std::vector<at::Tensor> xs;
+    {
+      c10::InferenceMode inference;  // the adopted views need no autograd metadata
+      const std::vector<aotpack::TensorSpec>& specs = m.inputs();
+      for (int64_t i = 0; i < num_inputs; ++i) {
+        const std::string name =
+            i < static_cast<int64_t>(specs.size()) ? " ('" + specs[i].name + "')" : "";
+        xs.push_back(
+            adopt_input(owners[i]->release(), prefix + "input " + std::to_string(i) + name));
+      }
+    }
+    std::vector<at::Tensor> ys = m.run(xs);  // checks count, dtype and shape
+    std::vector<DLManagedTensorVersioned*> exported;
+    try {
+      for (at::Tensor& y : ys) exported.push_back(export_tensor(std::move(y)));
+    } catch (...) {
+      for (DLManagedTensorVersioned* e : exported) delete_exported(e);
+      throw;
+    }
+    for (size_t i = 0; i < exported.size(); ++i) outputs[i] = exported[i];
+  });
+}
+
+int64_t aotpack_dlpack_live_tensors(void) {
+  return g_live_tensors.load(std::memory_order_relaxed);
+}
+
+}  // extern "C"
