@@ -9,7 +9,8 @@ import sys
 import pytest
 import safetensors.torch
 
-from aotpack.package import WEIGHTS, read_manifest, read_members, write_archive
+from aotpack.layout import WEIGHTS_PATH as WEIGHTS
+from aotpack.package import read_manifest, read_members, write_archive
 from conftest import SAMPLES
 
 pytestmark = pytest.mark.native  # the archives come from a real build
