@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
-from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity, runtime, verify
+from aotpack import autotune, compile as compile_stage, cpp_wrapper, package, parity, runtime, signing, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model_file
@@ -128,12 +128,14 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
 
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None,
-          allow_mismatch: bool = False, selftest: bool = False) -> BuildResult:
+          allow_mismatch: bool = False, selftest: bool = False,
+          sign_key: str | Path | None = None) -> BuildResult:
     """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file.
 
     The Python-mode run (the same compiled kernels and extern calls the archive runs)
     is checked against eager PyTorch on the example inputs (``aotpack.parity``). With
     ``selftest``, those inputs and eager outputs go into the archive for ``aotpack verify``.
+    ``sign_key``: an Ed25519 private key (PEM) that signs the archive (``aotpack.signing``).
 
     Raises:
         AotpackError: any problem the user can fix (bad model file, export failure,
@@ -150,6 +152,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                            "letters, digits, '_', '.' or '-'; choose one with --name")
     version = check_version((model_file.version or "0.1.0") if version is None else version)
     target = Path(out_dir) / f"{name}-{version}.aotpack"
+    if sign_key is not None:
+        signing.sign_bytes(b"", sign_key)  # an unusable key fails now, not after the compile
 
     ep = export_model(model_file)
     seconds["export"] = time.perf_counter() - start
@@ -217,7 +221,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         manifest["selftest"] = {"inputs": verify.SELFTEST_INPUTS, "outputs": verify.SELFTEST_OUTPUTS,
                                 "atol": parity.ATOL, "rtol": parity.RTOL}
     tic = time.perf_counter()
-    package.write_archive(target, manifest, files,
+    package.write_archive(target, manifest, files, sign_key=sign_key,
                           before_publish=lambda archive: _native_check(archive, model_file, reference))
     seconds["package_and_native_check"] = time.perf_counter() - tic
     if settings.debug_dir:

@@ -218,7 +218,7 @@ def test_missing_file_refused(fixture, tmp_path):
 
 def test_missing_manifest_refused(fixture, tmp_path):
     archive = fx.write_archive(tmp_path / "m.aotpack", None, fixture["files"])
-    assert_refused(run_tool(archive, fixture["x"]), "no 'manifest.json'")
+    assert_refused(run_tool(archive, fixture["x"]), "the archive's first entry must be manifest.json, found 'model/model.cpp'")
 
 
 def test_not_an_archive_refused(tmp_path, fixture):
@@ -231,7 +231,7 @@ def test_not_an_archive_refused(tmp_path, fixture):
     ({"target_isa": {"march": "x", "features": ["sse2", "warp9"]}},
      "'warp9' (unknown feature name, treated as unsupported)"),
     ({"torch_version": "1.13.1"}, "built with torch 1.13.1 but this runtime links torch"),
-    ({"format_version": 2}, "format_version 2 is not supported"),
+    ({"format_version": 3}, "format_version 3 is not supported"),
     ({"backend": "npu"}, "backend 'npu' is not supported"),
     ({"model": {"library": "model/model.so", "abi_version": 7}}, "model.abi_version 7"),
 ], ids=["cpu-feature", "torch-version", "format-version", "backend", "abi-version"])

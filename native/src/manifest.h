@@ -3,16 +3,19 @@
 
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
 #include "aotpack/types.h"
-#include "archive.h"
+#include "limits.h"
 
 namespace aotpack::detail {
 
-inline constexpr int64_t kFormatVersion = 1;
+inline constexpr int64_t kFormatVersion = 2;
 inline constexpr char kManifestPath[] = "manifest.json";
+inline constexpr char kManifestDigestPath[] = "manifest.sha256";  // 2nd entry
+inline constexpr char kManifestSignaturePath[] = "manifest.sig";   // optional 3rd entry
 inline constexpr char kWeightsPath[] = "weights/weights.safetensors";
 
 struct FileRecord {
@@ -30,20 +33,22 @@ struct Manifest {
   int64_t model_abi_version = 0;
   std::vector<TensorSpec> constants, inputs, outputs;
   std::vector<std::string> mutated_buffers;
-  std::map<std::string, FileRecord> files;
+  std::unordered_map<std::string, FileRecord> files;
   std::string text;  // manifest.json as stored
 };
 
-/// Parses manifest.json. Checks format_version first (so a newer format gets a clear
-/// message rather than a missing-key error), then every key the runtime uses. Throws
-/// aotpack::Error naming the key ("manifest.json: inputs[0].dtype: ...").
-Manifest parse_manifest(const std::string& text);
+/// Parses manifest.json (UTF-8 without a byte-order mark, nesting depth <= `max_depth`).
+/// Checks format_version first (so a newer format gets a clear message rather than a
+/// missing-key error), then every key the runtime uses: `files` paths are safe relative
+/// paths other than the manifest entries, digests are 64 lower-case hex digits, and
+/// model.library is one of the files. Throws aotpack::Error naming the key
+/// ("manifest.json: inputs[0].dtype: ...").
+Manifest parse_manifest(const std::string& text, uint64_t max_depth = 64);
 
-/// Checks that the entries are exactly the manifest's `files`: each present with the
-/// recorded size and sha256, none missing, none unlisted. Throws aotpack::Error.
-void verify_files(const Manifest& manifest, const std::vector<ArchiveEntry>& entries);
+/// Throws unless the manifest's `files` fit `limits` (entry count, each size, total size).
+void check_limits(const Manifest& manifest, const Limits& limits);
 
-/// The entry at `path`; throws aotpack::Error if there is none.
-const ArchiveEntry& find_entry(const std::vector<ArchiveEntry>& entries, const std::string& path);
+/// True for the entries that carry the manifest itself (never listed in `files`).
+bool is_manifest_entry(const std::string& path);
 
 }  // namespace aotpack::detail
