@@ -330,6 +330,7 @@ int run_tool(const Options& opt) {
   std::vector<at::Tensor> outputs;
   if (opt.bench_runs > 0) {
     std::printf("load_ms=%.3f\n", load_ms);
+    std::fflush(stdout);  // a caller waiting for the load sees it now
     outputs = bench(model, inputs, opt);
   } else {
     outputs = model.run(inputs);
