@@ -73,6 +73,35 @@ class Report:
     members: dict[str, bytes] = field(default_factory=dict)  # only those asked for
 
 
+class _Zstd:
+    """A file-like zstd decoder over ``handle``, frame after frame, that refuses a stream
+    ending inside a frame (libarchive's "Truncated zstd input"); checksums are verified.
+    Compressed bytes go in 1 KiB at a time, so one step yields at most ~32 MiB."""
+
+    def __init__(self, handle):
+        self.handle, self.dobj = handle, zstandard.ZstdDecompressor().decompressobj()
+        self.out, self.at, self.started = b"", 0, False
+
+    def read(self, n: int) -> bytes:
+        while self.at >= len(self.out):
+            raw = self.handle.read(1024)
+            if not raw:
+                if self.started and not self.dobj.eof:
+                    raise AotpackError("corrupt archive: Truncated zstd input")
+                return b""
+            pieces = []
+            while raw:
+                if self.dobj.eof:  # the next frame
+                    self.dobj = zstandard.ZstdDecompressor().decompressobj()
+                self.started = True
+                pieces.append(self.dobj.decompress(raw))
+                raw = self.dobj.unused_data if self.dobj.eof else b""
+            self.out, self.at = b"".join(pieces), 0
+        data = self.out[self.at:self.at + n]
+        self.at += len(data)
+        return data
+
+
 class _Tape:
     """The decompressed stream as tarfile reads it, keeping a window of what was fetched so
     a block can be looked at again (to see where tarfile stopped: libarchive refuses a
@@ -102,6 +131,13 @@ class _Tape:
         data = bytes(self.window[start:start + n])
         self.pos += len(data)
         return data
+
+    def drain(self) -> None:
+        """Read the rest of the stream (the tar's zero padding), as libarchive's read-ahead
+        does, so a truncated or corrupt end of the zstd frame (its checksum) is an error."""
+        while self._fetch(CHUNK):
+            if self.fetched - self.pos > _RING:
+                raise AotpackError("corrupt archive: more than 1 MiB of data after the end of the tar")
 
     def block_at(self, offset: int) -> bytes:
         """The 512 bytes at ``offset`` of the stream (fewer at its end)."""
@@ -207,7 +243,7 @@ def _walk(archive: Path, limits: Limits, trusted_keys: list[str], keep: Callable
         if handle.read(4) != _ZSTD_MAGIC:
             raise AotpackError("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)")
         handle.seek(0)
-        tape = _Tape(zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True))
+        tape = _Tape(_Zstd(handle))
         if tape.block_at(0)[:4] == _ZSTD_MAGIC:
             raise AotpackError("compressed more than once (an .aotpack archive is zstd over tar)")
         with tarfile.open(fileobj=tape, mode="r|") as tar:
@@ -246,6 +282,7 @@ def _walk(archive: Path, limits: Limits, trusted_keys: list[str], keep: Callable
                 block = tape.block_at(tape_offset())
                 if block and block != bytes(512):
                     raise AotpackError("corrupt archive: damaged tar header")
+                tape.drain()
                 missing = sorted(set(files) - seen)
                 if missing:
                     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -19,11 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import safetensors.torch
-
-from aotpack import parity
-from aotpack.errors import AotpackError
 from aotpack import reader
+from aotpack.errors import AotpackError
 from aotpack.runtime import find_runtime, run_tensors
 
 SELFTEST_INPUTS = "selftest/inputs.safetensors"
@@ -32,6 +29,8 @@ SELFTEST_OUTPUTS = "selftest/outputs.safetensors"
 
 def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
     """Archive entries holding the example inputs and eager outputs (contiguous copies)."""
+    import safetensors.torch
+
     return {
         SELFTEST_INPUTS: safetensors.torch.save(
             {f"input_{i}": t.detach().contiguous().clone() for i, t in enumerate(inputs)}),
@@ -82,6 +81,10 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
     members = report.members
     if SELFTEST_INPUTS not in members or SELFTEST_OUTPUTS not in members:
         raise AotpackError("\n".join(lines + ["self-test: the manifest names one but its files are missing"]))
+    import safetensors.torch  # torch is only needed to run the self-test
+
+    from aotpack import parity
+
     stored = safetensors.torch.load(members[SELFTEST_INPUTS])  # a dict: order by name
     inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
     expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])
@@ -89,6 +92,8 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
         outputs, _ = run_tensors(archive, inputs, work)
     names = [o["name"] for o in manifest["outputs"]]
     tolerance = manifest["selftest"]
+    if not isinstance(tolerance, dict):
+        raise AotpackError("\n".join(lines + ["self-test: manifest.json 'selftest' is not an object"]))
     result = parity.compare(outputs, [expected[n] for n in names], atol=tolerance.get("atol", parity.ATOL),
                             rtol=tolerance.get("rtol", parity.RTOL))
     if not result.ok:
