@@ -118,24 +118,24 @@ def corpus(archive: bytes, seed: int = 7):
 
     for k in range(80):  # truncations of the compressed file
         cut = rng.randrange(0, n) if k > 3 else [0, 1, 4, n - 1][k]
-        yield (Case(f"truncate-{cut}", archive[:cut], must_refuse=True))
+        yield (Case(f"truncate-{k}-{cut}", archive[:cut], must_refuse=True))
     for k in range(150):  # bit flips of the compressed file
         data = bytearray(archive)
         pos = rng.randrange(n)
         data[pos] ^= 1 << rng.randrange(8)
-        yield (Case(f"bitflip-{pos}", bytes(data)))
+        yield (Case(f"bitflip-{k}-{pos}", bytes(data)))
     for k in range(80):  # byte overwrites of the compressed file
         data = bytearray(archive)
         pos, run = rng.randrange(n), rng.randrange(1, 64)
         data[pos:pos + run] = bytes(rng.randrange(256) for _ in range(run))[: len(data) - pos]
-        yield (Case(f"overwrite-{pos}-{run}", bytes(data)))
+        yield (Case(f"overwrite-{k}-{pos}-{run}", bytes(data)))
     for k in range(80):  # overwrites inside the tar, recompressed: headers, data, end blocks
         data = bytearray(raw)
         pos = rng.randrange(len(raw)) if k % 4 else rng.randrange(0, len(raw), 512) + rng.randrange(0, 300)
         pos = min(pos, len(raw) - 1)
         run = rng.randrange(1, 16)
         data[pos:pos + run] = bytes(rng.randrange(256) for _ in range(run))[: len(data) - pos]
-        yield (Case(f"tar-overwrite-{pos}-{run}", zst(bytes(data))))
+        yield (Case(f"tar-overwrite-{k}-{pos}-{run}", zst(bytes(data))))
 
     # unsafe and odd entries
     extra = {
