@@ -8,7 +8,7 @@ SYSTEM_PACKAGES := g++ cmake make pkg-config libarchive-dev libzstd-dev nlohmann
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TORCH_CMAKE = $(shell $(PY) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 
-.PHONY: demo test runtime venv sysdeps bench clean
+.PHONY: demo test runtime venv sysdeps bench clean fuzz
 
 demo: runtime
 	$(PY) benchmarks/demo.py samples/transformer_block.py --topn 3
@@ -18,6 +18,12 @@ test: runtime
 
 bench: runtime
 	$(PY) benchmarks/compare.py
+
+# The whole hostile corpus (~600 archives made from a real build of samples/mlp.py) against
+# the runtime and `aotpack verify`: no crash, hang, leak or disagreement (tests/hostile_corpus.py).
+fuzz: runtime
+	$(PY) -m aotpack -q build samples/mlp.py -o build/fuzz
+	PYTHONPATH=tests $(PY) tests/hostile_corpus.py build/fuzz/mlp-0.1.0.aotpack
 
 venv: $(VENV)/.installed
 

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import parity, runtime, verify
+from aotpack import parity, runtime, signing, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
@@ -118,14 +118,16 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None,
           allow_mismatch: bool = False, selftest: bool = False,
-          inputs_path: str | Path | None = None) -> BuildResult:
+          inputs_path: str | Path | None = None, sign_key: str | Path | None = None) -> BuildResult:
     """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file, or from a ``.pt2``
     exported program with ``inputs_path`` (a torch.save'd tuple of example inputs, or a
-    list of tuples: example set, then calibration sets).
+    list of tuples: example set, then calibration sets). ``sign_key``: an Ed25519 private
+    key (PEM) that signs the archive's manifest.
 
     The Python-mode run (the same compiled kernels and extern calls the archive runs)
     is checked against eager PyTorch on the example inputs (``aotpack.parity``). With
     ``selftest``, those inputs and eager outputs go into the archive for ``aotpack verify``.
+    ``sign_key``: an Ed25519 private key (PEM) that signs the archive (``aotpack.signing``).
 
     Raises:
         AotpackError: any problem the user can fix (bad model file, export failure,
@@ -143,6 +145,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     version = check_version((model_file.version or "0.1.0") if version is None else version)
     archive = Path(out_dir) / f"{name}-{version}.aotpack"
     backend = backends.get(settings.backend)
+    if sign_key is not None:
+        signing.sign_bytes(b"", sign_key)  # an unusable key fails now, not after the compile
 
     ep = export_model(model_file)
     seconds["export"] = time.perf_counter() - start
@@ -201,7 +205,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         manifest["selftest"] = {"inputs": layout.SELFTEST_INPUTS_PATH, "outputs": layout.SELFTEST_OUTPUTS_PATH,
                                 "atol": parity.ATOL, "rtol": parity.RTOL}
     tic = time.perf_counter()
-    package.write_archive(archive, manifest, files,
+    package.write_archive(archive, manifest, files, sign_key=sign_key,
                           before_publish=lambda archive: _native_check(archive, model_file, reference))
     seconds["package_and_native_check"] = time.perf_counter() - tic
     if settings.debug_dir:

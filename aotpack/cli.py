@@ -1,8 +1,9 @@
 """aotpack: ship a PyTorch model as a versioned archive that a C++ runtime runs.
 
 Commands: build (export, fuse, autotune, package), run (the native runtime), inspect
-(manifest and autotune report), verify (checksums, native load, stored self-test), diff
-(compare two archives).
+(manifest and autotune report), verify (reading rules, signature; with --run native load
+and stored self-test), diff (compare two archives), sign (Ed25519-sign an archive), keygen
+(make a signing key pair).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the archive even if outputs differ from eager PyTorch")
     b.add_argument("--selftest", action="store_true",
                    help="store example inputs and eager outputs so `aotpack verify` can re-check them")
+    b.add_argument("--sign", metavar="KEY.pem", help="sign the archive with this Ed25519 private key")
 
     r = sub.add_parser("run", help="run an archive with the native runtime, in-process (aotpack.load)")
     r.add_argument("archive")
@@ -54,9 +56,23 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="write outputs to this .npz")
     r.add_argument("--bench", type=int, default=0, help="time N runs and print latency")
     r.add_argument("--device-limit", type=int, default=0)
+    r.add_argument("--trusted-key", action="append", default=[], metavar="PUB.pem",
+                   help="require a signature by this public key (repeatable; adds to AOTPACK_TRUSTED_KEYS)")
 
-    v = sub.add_parser("verify", help="check an archive's files, load it natively, rerun its self-test")
+    v = sub.add_parser("verify", help="check an archive without running it; --run also loads it and reruns its self-test")
     v.add_argument("archive")
+    v.add_argument("--run", action="store_true",
+                   help="also load it with the native runtime and run its self-test (executes archive code)")
+    v.add_argument("--trusted-key", action="append", default=[], metavar="PUB.pem",
+                   help="require a signature by this public key (repeatable; adds to AOTPACK_TRUSTED_KEYS)")
+
+    s = sub.add_parser("sign", help="sign an archive in place with an Ed25519 private key")
+    s.add_argument("archive")
+    s.add_argument("--key", required=True, metavar="KEY.pem", help="PEM private key (see `aotpack keygen`)")
+
+    k = sub.add_parser("keygen", help="create an Ed25519 key pair for signing archives")
+    k.add_argument("private_key", metavar="KEY.pem", help="where the private key goes (mode 0600)")
+    k.add_argument("--public", metavar="PUB.pem", help="where the public key goes (default KEY.pub.pem)")
 
     d = sub.add_parser("diff", help="compare two archives (exit 0 same, 1 different, 2 trouble)")
     d.add_argument("a", metavar="A")
@@ -78,7 +94,7 @@ def _build(args) -> int:
                                  retune=args.retune or None, backend=args.backend)
     result = build(args.model, args.output_dir, args.name, args.version, settings,
                    allow_mismatch=args.allow_mismatch, selftest=args.selftest,
-                   inputs_path=args.inputs_path)
+                   inputs_path=args.inputs_path, sign_key=args.sign)
     if args.quiet:
         print(result.archive)
         return 0
@@ -88,8 +104,13 @@ def _build(args) -> int:
 
 
 def _run(args) -> int:
+    import os
+
     from aotpack.run import run
 
+    if args.trusted_key:  # the runtime reads them from the environment
+        keys = [k for k in os.environ.get("AOTPACK_TRUSTED_KEYS", "").split(":") if k] + args.trusted_key
+        os.environ["AOTPACK_TRUSTED_KEYS"] = ":".join(keys)
     for line in run(args.archive, args.inputs, args.output, args.bench, args.device_limit):
         print(line)
     return 0
@@ -116,18 +137,20 @@ def _inspect(args) -> int:
     problems = verify_files(Path(args.archive))
     if args.json:
         print(json.dumps(manifest, indent=2))
-        return 0
+        return 1 if problems else 0
     print(f"{manifest['name']} {manifest['version']}  (format {manifest['format_version']}, "
           f"backend {manifest['backend']}, torch {manifest['torch_version']}, "
-          f"target ISA {manifest['target_isa']['march']}, device limit {manifest['device_limit']})")
+          f"target ISA {manifest['target_isa'].get('march', '?')}, device limit {manifest.get('device_limit', '?')})")
     for kind in ("inputs", "outputs"):
         for t in manifest[kind]:
             print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{t['shape']}")
-    print(f"  {len(manifest['kernels'])} fused kernels:")
-    for k in manifest["kernels"]:
-        timing = ", ".join(f"{t:.2f}" for t in k["timings_us"]) or "not timed"
-        print(f"    {k['name']}: {k['tiling_repr']} (key {k['kernel_key'][:12]}, "
-              f"{k['candidates']} candidates, us: {timing}{'' if k['visited'] else ', unvisited'})")
+    kernels = manifest.get("kernels")
+    if isinstance(kernels, list) and all(isinstance(k, dict) for k in kernels):
+        print(f"  {len(kernels)} fused kernels:")
+        for k in kernels:
+            timing = ", ".join(f"{t:.2f}" for t in k.get("timings_us") or []) or "not timed"
+            print(f"    {k.get('name')}: {k.get('tiling_repr')} (key {str(k.get('kernel_key'))[:12]}, "
+                  f"{k.get('candidates')} candidates, us: {timing}{'' if k.get('visited', True) else ', unvisited'})")
     if problems:
         print(f"  files: {len(problems)} problem(s): " + "; ".join(problems))
         return 1
@@ -148,10 +171,27 @@ def _diff(args) -> int:
 
 
 def _verify(args) -> int:
+    from aotpack.reader import trusted_keys_from_env
     from aotpack.verify import verify
 
-    for line in verify(args.archive):
+    keys = trusted_keys_from_env() + args.trusted_key
+    for line in verify(args.archive, run=args.run, trusted_keys=keys):
         print(line)
+    return 0
+
+
+def _sign(args) -> int:
+    from aotpack.signing import sign_archive
+
+    print(f"signed {sign_archive(args.archive, args.key)}")
+    return 0
+
+
+def _keygen(args) -> int:
+    from aotpack.signing import keygen
+
+    private, public = keygen(args.private_key, args.public)
+    print(f"private key: {private} (keep it secret)\npublic key:  {public} (give it to --trusted-key)")
     return 0
 
 
@@ -161,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")
-    handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify, "diff": _diff}
+    handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify, "diff": _diff,
+                "sign": _sign, "keygen": _keygen}
     try:
         return handlers[args.command](args)
     except AotpackError as exc:

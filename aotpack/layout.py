@@ -21,8 +21,12 @@ import sys
 #: Version 2: kernels use the versioned launch ABI of native/include/aotpack/kernel_abi.h
 #: (aotpack_kernel_launch with an AotpackKernelLaunch struct); model ABI 2, host ABI 1.
 FORMAT_VERSION = 2
+#: MAJOR of the model ABI (model_abi.h) that manifests record as ``model.abi_version``.
+MODEL_ABI_VERSION_MAJOR = 2
 
 MANIFEST_PATH = "manifest.json"  # always the first entry
+MANIFEST_DIGEST_PATH = "manifest.sha256"  # always the second entry: sha256 of manifest.json
+MANIFEST_SIGNATURE_PATH = "manifest.sig"  # optional third entry: Ed25519 signature of the digest
 MODEL_LIBRARY_PATH = "model/model.so"
 MODEL_SOURCE_PATH = "model/model.cpp"
 KERNEL_IR_PATH = "model/kernels.ir"  # the graph's steps and every fused kernel's IR, as text
@@ -41,6 +45,8 @@ LIB_KERNEL_SOURCE_NAME = "kernel.cpp"
 # (C macro suffix, value) of every constant, in header order.
 _HEADER_CONSTANTS = [
     ("MANIFEST_PATH", MANIFEST_PATH),
+    ("MANIFEST_DIGEST_PATH", MANIFEST_DIGEST_PATH),
+    ("MANIFEST_SIGNATURE_PATH", MANIFEST_SIGNATURE_PATH),
     ("MODEL_LIBRARY_PATH", MODEL_LIBRARY_PATH),
     ("MODEL_SOURCE_PATH", MODEL_SOURCE_PATH),
     ("KERNEL_IR_PATH", KERNEL_IR_PATH),

@@ -1,9 +1,10 @@
 """Stage: bundle the winners, model.so, weights and manifest into a ``.aotpack``.
 
-Format: docs/archive.md (format_version 1; paths in ``aotpack.layout``) — a
-zstd-compressed tar, manifest first, entries sorted, fixed owners, modes and mtimes, so
-equal inputs give equal bytes.
-The archive is written to a temp file beside the target and renamed into place.
+Format: docs/archive.md (format_version and paths in ``aotpack.layout``) — a zstd-compressed tar: manifest.json,
+manifest.sha256, the optional manifest.sig, then the files sorted; fixed owners, modes and
+mtimes, so equal inputs give equal bytes. The archive is written to a temp file beside
+the target and renamed into place. Reading follows one set of rules shared with the
+native runtime: ``aotpack.reader``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import zstandard
 
 from aotpack.errors import AotpackError
 from aotpack import layout
-from aotpack.layout import MANIFEST_PATH
 
 ZSTD_LEVEL = 19
 
@@ -103,29 +103,40 @@ def file_table(files: dict[str, bytes]) -> dict[str, dict]:
             for path, data in sorted(files.items())}
 
 
-def write_archive(target: Path, manifest: dict, files: dict[str, bytes],
-                  before_publish: Callable[[Path], None] | None = None) -> Path:
-    """Write ``target`` atomically: manifest (with the file table) + ``files``.
+def manifest_bytes(manifest: dict) -> bytes:
+    """The stored form of a manifest: sorted keys, 2-space indent, trailing newline."""
+    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
 
-    Args:
-        manifest: every manifest key except ``files``, which is computed here.
-        files: archive path -> content.
-        before_publish: called with the finished temp file before it is renamed into
-            place; an exception there removes it, so ``target`` never holds a bad archive.
+
+def manifest_digest(text: bytes) -> bytes:
+    """Content of ``manifest.sha256``: the hex sha256 of manifest.json plus a newline."""
+    return (hashlib.sha256(text).hexdigest() + "\n").encode()
+
+
+def pack(manifest_text: bytes, files: dict[str, bytes], signature: bytes | None = None) -> bytes:
+    """The compressed archive bytes: manifest entries first, then ``files`` sorted by path.
+
+    ``signature``: 64-byte Ed25519 signature of ``manifest_text`` (``aotpack.signing``).
     """
-    manifest = dict(manifest, files=file_table(files))
-    manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add(tar, MANIFEST_PATH, manifest_bytes)
+        _add(tar, layout.MANIFEST_PATH, manifest_text)
+        _add(tar, layout.MANIFEST_DIGEST_PATH, manifest_digest(manifest_text))
+        if signature is not None:
+            _add(tar, layout.MANIFEST_SIGNATURE_PATH, signature)
         for path in sorted(files):
             _add(tar, path, files[path])
-    compressed = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(raw.getvalue())
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
+                                    write_checksum=True).compress(raw.getvalue())
+
+
+def publish(target: Path, data: bytes, before_publish: Callable[[Path], None] | None = None) -> Path:
+    """Write ``data`` to ``target`` atomically (temp file beside it, then rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(compressed)
+            handle.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; archives are meant to be shared
@@ -138,68 +149,54 @@ def write_archive(target: Path, manifest: dict, files: dict[str, bytes],
     return target
 
 
-def _members(archive: Path):
-    """Yield ``(path, content)`` of each regular file, in archive order.
+def write_archive(target: Path, manifest: dict, files: dict[str, bytes],
+                  before_publish: Callable[[Path], None] | None = None,
+                  sign_key: str | Path | None = None) -> Path:
+    """Write ``target`` atomically: manifest (with the file table) + ``files``.
 
-    Raises:
-        AotpackError: the file is missing or is not a zstd-compressed tar.
+    Args:
+        manifest: every manifest key except ``files``, which is computed here.
+        files: archive path -> content.
+        before_publish: called with the finished temp file before it is renamed into
+            place; an exception there removes it, so ``target`` never holds a bad archive.
+        sign_key: an Ed25519 private key (PEM) to sign the manifest with (``manifest.sig``).
     """
-    try:
-        with open(archive, "rb") as handle:
-            reader = zstandard.ZstdDecompressor().stream_reader(handle)
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
-                for member in tar:
-                    if member.isfile():
-                        yield member.name, tar.extractfile(member).read()
-    except OSError as exc:
-        raise AotpackError(f"cannot read {archive}: {exc.strerror or exc}") from None
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
-        raise AotpackError(f"{archive} is not an .aotpack archive (a zstd-compressed tar): {exc}") from None
+    text = manifest_bytes(dict(manifest, files=file_table(files)))
+    signature = None
+    if sign_key is not None:
+        from aotpack.signing import sign_bytes
+        signature = sign_bytes(text, sign_key)
+    return publish(target, pack(text, files, signature), before_publish)
 
 
 def read_members(archive: Path) -> dict[str, bytes]:
-    """Every regular file of an archive, by path (decompresses the whole archive).
+    """Every file of a valid archive, by path, the manifest entries included (checked with
+    ``aotpack.reader`` first; each file is held in memory, so use it for small archives).
 
     Raises:
-        AotpackError: the file is missing or is not a zstd-compressed tar.
+        AotpackError: the archive breaks a reading rule (docs/archive.md).
     """
-    return dict(_members(archive))
-
-
-def _parse_manifest(archive: Path, data: bytes | None) -> dict:
-    if data is None:
-        raise AotpackError(f"{archive} has no {MANIFEST_PATH}; it was not written by aotpack")
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise AotpackError(f"{archive}: {MANIFEST_PATH} is not valid JSON: {exc}") from None
+    from aotpack import reader
+    return reader.read_all(archive)
 
 
 def read_manifest(archive: Path) -> dict:
-    """The manifest of an archive; reads only up to it (it is the first entry).
+    """The manifest of an archive; reads only the manifest entries (they come first) and
+    checks them (digest, schema, limits).
 
     Raises:
-        AotpackError: unreadable archive, or no valid manifest.json in it.
+        AotpackError: unreadable archive, or no valid manifest in it.
     """
-    for path, data in _members(archive):
-        if path == MANIFEST_PATH:
-            return _parse_manifest(archive, data)
-    return _parse_manifest(archive, None)
+    from aotpack import reader
+    return reader.read_manifest(archive)
 
 
-def verify_files(archive: Path, members: dict[str, bytes] | None = None) -> list[str]:
-    """Problems with the archive's files against the manifest's sizes and sha256 (empty = ok).
-
-    ``members`` (from ``read_members``) avoids decompressing the archive again.
-    """
-    members = read_members(archive) if members is None else members
-    manifest = _parse_manifest(archive, members.get(MANIFEST_PATH))
-    listed = manifest.get("files", {})
-    problems = [f"{path}: missing" for path in sorted(set(listed) - set(members))]
-    problems += [f"{path}: not listed in the manifest" for path in sorted(set(members) - set(listed) - {MANIFEST_PATH})]
-    for path, entry in sorted(listed.items()):
-        data = members.get(path)
-        if data is not None and (len(data) != entry.get("size")
-                                 or hashlib.sha256(data).hexdigest() != entry.get("sha256")):
-            problems.append(f"{path}: sha256 mismatch (the file was modified)")
-    return problems
+def verify_files(archive: Path) -> list[str]:
+    """Problems with the archive against the reading rules (empty = ok): the first rule it
+    breaks, as one line, as the native runtime would report it."""
+    from aotpack import reader
+    try:
+        reader.check(archive)
+    except AotpackError as exc:
+        return [str(exc)]
+    return []

@@ -1,68 +1,99 @@
 """``aotpack verify``: can this machine trust and run this archive?
 
-Three checks, each printed as one line:
+Each check prints one line:
 
-1. files: every entry's size and sha256 against the manifest (Python side);
-2. load: the native runtime opens it as a deployment would (checksums again, torch
-   version, CPU features of the target ISA, model.so and every kernel's wrapper);
-3. self-test, when the archive was built with ``--selftest``: the native runtime runs
-   the stored example inputs in-process (``aotpack.load``) and its outputs are compared
-   with the stored eager outputs (``aotpack.parity`` tolerances).
+1. files: the reading rules of docs/archive.md (``aotpack.reader``): manifest digest,
+   every entry's size and sha256, safe entries, ELF headers of every .so, the weights
+   against the manifest's constants, all without executing archive code;
+2. signature: checked against the trusted keys (``--trusted-key``/AOTPACK_TRUSTED_KEYS)
+   when any are given, and then required;
+3. only with ``--run`` (this executes the archive's code): the native runtime loads it as
+   a deployment would (torch version, CPU features, model.so and every kernel) and, when
+   the archive was built with ``--selftest``, runs the stored inputs and compares its
+   outputs with the stored eager outputs (``aotpack.parity`` tolerances).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
-import safetensors.torch
-
-from aotpack import parity
+from aotpack import reader
 from aotpack.errors import AotpackError
-from aotpack.layout import SELFTEST_INPUTS_PATH, SELFTEST_OUTPUTS_PATH
-from aotpack.package import read_manifest, read_members, verify_files
+from aotpack.layout import SELFTEST_INPUTS_PATH as SELFTEST_INPUTS
+from aotpack.layout import SELFTEST_OUTPUTS_PATH as SELFTEST_OUTPUTS
 from aotpack.runtime import find_runtime
 
 
 def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
     """Archive entries holding the example inputs and eager outputs (contiguous copies)."""
+    import safetensors.torch
+
     return {
-        SELFTEST_INPUTS_PATH: safetensors.torch.save(
+        SELFTEST_INPUTS: safetensors.torch.save(
             {f"input_{i}": t.detach().contiguous().clone() for i, t in enumerate(inputs)}),
-        SELFTEST_OUTPUTS_PATH: safetensors.torch.save(
+        SELFTEST_OUTPUTS: safetensors.torch.save(
             {name: t.detach().contiguous().clone() for name, t in zip(output_names, outputs)}),
     }
 
 
-def verify(archive: str | Path) -> list[str]:
+NOT_RUN = ("load: not run, no archive code was executed (pass --run to load it natively "
+           "and rerun its self-test)")
+
+
+def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | None = None) -> list[str]:
     """Run the checks; returns report lines.
+
+    Args:
+        run: also load the archive natively and run its self-test (executes its code).
+        trusted_keys: PEM public keys (default: $AOTPACK_TRUSTED_KEYS); when any are
+            given, the archive must be signed by one of them.
 
     Raises:
         AotpackError: the first failed check, with the lines of the passed ones before it.
     """
     archive = Path(archive)
-    lines = []
-    members = read_members(archive)
-    problems = verify_files(archive, members)
-    if problems:
-        raise AotpackError(f"{archive}: files: " + "; ".join(problems))
-    manifest = read_manifest(archive)
-    lines.append(f"files: {len(manifest['files'])} entries match their sha256")
-    check = subprocess.run([str(find_runtime()), str(archive), "--check"], capture_output=True, text=True)
+    keys = reader.trusted_keys_from_env() if trusted_keys is None else list(trusted_keys)
+    wanted = {SELFTEST_INPUTS, SELFTEST_OUTPUTS} if run else set()
+    report = reader.check(archive, trusted_keys=keys, keep=wanted.__contains__)
+    manifest = report.manifest
+    lines = [f"files: {report.files} entries match their sha256, the manifest its digest, "
+             f"every .so passes the ELF check"]
+    if keys:
+        lines.append(f"signature: valid ({len(keys)} trusted key(s))")
+    else:
+        lines.append("signature: " + ("present, not checked (no trusted keys given)" if report.signature
+                                      else "none (unsigned archive)"))
+    if not run:
+        lines.append(NOT_RUN)
+        return lines
+    env = dict(os.environ, AOTPACK_TRUSTED_KEYS=":".join(keys))
+    check = subprocess.run([str(find_runtime()), str(archive), "--check"], capture_output=True, text=True,
+                           env=env)
     if check.returncode != 0:
         raise AotpackError("\n".join(lines + [check.stderr.strip().removeprefix("aotpack-run: error: ")]))
     lines.append(f"load: {check.stdout.strip()}")
     if "selftest" not in manifest:
         lines.append("self-test: none stored (build with --selftest to include one)")
         return lines
-    stored = safetensors.torch.load(members[SELFTEST_INPUTS_PATH])  # a dict: order by name
+    members = report.members
+    if SELFTEST_INPUTS not in members or SELFTEST_OUTPUTS not in members:
+        raise AotpackError("\n".join(lines + ["self-test: the manifest names one but its files are missing"]))
+    import safetensors.torch  # torch is only needed to run the self-test
+
+    from aotpack import parity
+
+    stored = safetensors.torch.load(members[SELFTEST_INPUTS])  # a dict: order by name
     inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
-    expected = safetensors.torch.load(members[SELFTEST_OUTPUTS_PATH])
+    expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])
     from aotpack.loader import load
 
     with load(archive) as model:
         outputs = model.run(*inputs)
     names = [o["name"] for o in manifest["outputs"]]
     tolerance = manifest["selftest"]
+    if not isinstance(tolerance, dict):
+        raise AotpackError("\n".join(lines + ["self-test: manifest.json 'selftest' is not an object"]))
     result = parity.compare(outputs, [expected[n] for n in names], atol=tolerance.get("atol", parity.ATOL),
                             rtol=tolerance.get("rtol", parity.RTOL))
     if not result.ok:

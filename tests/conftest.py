@@ -19,6 +19,17 @@ SAMPLES = REPO / "samples"
 MODELS = Path(__file__).resolve().parent / "models"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def runtime_cache(tmp_path_factory) -> Path:
+    """The native runtime's extraction cache ($XDG_CACHE_HOME/aotpack/runtime) of this
+    session, so tests never write to the user's ~/.cache."""
+    import os
+
+    root = tmp_path_factory.mktemp("xdg-cache")
+    os.environ["XDG_CACHE_HOME"] = str(root)
+    return root
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("kernel-cache")

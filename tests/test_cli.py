@@ -50,14 +50,14 @@ def test_inspect_reports_a_modified_file(build_model, tmp_path):
     tampered.write_bytes(zstandard.ZstdCompressor().compress(out.getvalue()))
     result = aotpack("inspect", tampered)
     assert result.returncode == 1
-    assert result.stdout.splitlines()[-1] == \
-        f"  files: 1 problem(s): {layout.MODEL_SOURCE_PATH}: sha256 mismatch (the file was modified)"
+    assert result.stdout.splitlines()[-1] == (
+        f"  files: 1 problem(s): {tampered}: sha256 mismatch for '{layout.MODEL_SOURCE_PATH}' "
+        "(the archive is corrupt or was modified)")
 
 
 @pytest.mark.parametrize("content,message", [
     (None, "cannot read {path}: No such file or directory"),
-    (b"garbage", "{path} is not an .aotpack archive (a zstd-compressed tar): "
-                 "zstd decompress error: Unknown frame descriptor"),
+    (b"garbage", "{path}: not zstd-compressed (an .aotpack archive is a zstd-compressed tar)"),
 ])
 def test_inspect_bad_files_give_one_line(tmp_path, content, message):
     path = tmp_path / "x.aotpack"
@@ -134,16 +134,25 @@ def test_module_instead_of_function_is_explained(tmp_path):
 def test_verify_reruns_the_stored_selftest(build_model):
     archive = build_model(MODELS / "dict_outputs.py", selftest=True).archive
     assert read_manifest(archive)["selftest"]["atol"] == 1e-4
-    result = aotpack("verify", archive)
+    result = aotpack("verify", archive, "--run")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("files: ") and lines[0].endswith(" entries match their sha256")
-    assert lines[1].startswith("load: ok: dict_outputs 0.1.0")
-    assert lines[2].startswith("self-test: 3 outputs match eager PyTorch (max abs error ")
+    assert lines[0].startswith("files: ") and lines[0].endswith(
+        " entries match their sha256, the manifest its digest, every .so passes the ELF check")
+    assert lines[1] == "signature: none (unsigned archive)"
+    assert lines[2].startswith("load: ok: dict_outputs 0.1.0")
+    assert lines[3].startswith("self-test: 3 outputs match eager PyTorch (max abs error ")
+
+
+def test_verify_does_not_run_archive_code_without_run(build_model):
+    result = aotpack("verify", build_model(MODELS / "dict_outputs.py", selftest=True).archive)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        "load: not run, no archive code was executed (pass --run to load it natively and rerun its self-test)")
 
 
 def test_verify_without_selftest_says_so(build_model):
-    result = aotpack("verify", build_model(MODELS / "dict_outputs.py").archive)
+    result = aotpack("verify", build_model(MODELS / "dict_outputs.py").archive, "--run")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "self-test: none stored (build with --selftest to include one)"
 
@@ -164,9 +173,9 @@ def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):
     expected = safetensors.torch.load(files[layout.SELFTEST_OUTPUTS_PATH])
     expected["logits"] = expected["logits"] + torch.tensor([0, 0, 1.0, 0, 0, 0])
     files[layout.SELFTEST_OUTPUTS_PATH] = safetensors.torch.save(expected)
-    del files[layout.MANIFEST_PATH], manifest["files"]
+    del files[layout.MANIFEST_PATH], files[layout.MANIFEST_DIGEST_PATH], manifest["files"]
     resigned = write_archive(tmp_path / "resigned.aotpack", manifest, files)  # checksums consistent
-    result = aotpack("verify", resigned)
+    result = aotpack("verify", resigned, "--run")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "self-test failed: output 0: 1 elements off, max abs error 1 (tolerance 0.0001 + 0.0001*|eager|)")

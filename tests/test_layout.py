@@ -49,7 +49,8 @@ def _documented_paths() -> list[str]:
 def test_paths_match_the_documented_layout():
     name, key = "<kernel>", "<kernel_key>"
     assert _documented_paths() == [
-        layout.MANIFEST_PATH, layout.MODEL_LIBRARY_PATH, layout.MODEL_SOURCE_PATH, layout.KERNEL_IR_PATH,
+        layout.MANIFEST_PATH, layout.MANIFEST_DIGEST_PATH, layout.MANIFEST_SIGNATURE_PATH,
+        layout.MODEL_LIBRARY_PATH, layout.MODEL_SOURCE_PATH, layout.KERNEL_IR_PATH,
         layout.wrapper_path(name), layout.wrapper_source_path(name), layout.optimize_tiling_path(name),
         layout.lib_kernel_path(name, key), layout.lib_kernel_source_path(name, key),
         layout.WEIGHTS_PATH, layout.SELFTEST_INPUTS_PATH, layout.SELFTEST_OUTPUTS_PATH,

@@ -220,7 +220,7 @@ def test_missing_file_refused(fixture, tmp_path):
 
 def test_missing_manifest_refused(fixture, tmp_path):
     archive = fx.write_archive(tmp_path / "m.aotpack", None, fixture["files"])
-    assert_refused(run_tool(archive, fixture["x"]), f"no '{layout.MANIFEST_PATH}'")
+    assert_refused(run_tool(archive, fixture["x"]), f"the archive's first entry must be manifest.json, found '{layout.MODEL_SOURCE_PATH}'")
 
 
 def test_not_an_archive_refused(tmp_path, fixture):

@@ -2,37 +2,25 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <memory>
-#include <set>
+#include <vector>
 
+#include "sha256.h"
 #include "util.h"
 
 namespace aotpack::detail {
 namespace {
 
-using ArchivePtr = std::unique_ptr<struct archive, int (*)(struct archive*)>;
+constexpr size_t kBlock = 1 << 16;
 
 std::string libarchive_error(struct archive* a) {
   const char* message = archive_error_string(a);
   return message ? message : "unknown libarchive error";
-}
-
-ArchivePtr open_reader(const std::string& archive_path) {
-  struct stat st{};
-  if (stat(archive_path.c_str(), &st) != 0) fail(std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail("not a regular file");
-
-  ArchivePtr a(archive_read_new(), archive_read_free);
-  if (!a) fail("out of memory creating the archive reader");
-  archive_read_support_filter_zstd(a.get());
-  archive_read_support_format_tar(a.get());
-  if (archive_read_open_filename(a.get(), archive_path.c_str(), 1 << 16) != ARCHIVE_OK)
-    fail("not a readable tar.zst archive: " + libarchive_error(a.get()));
-  return a;
 }
 
 // Only regular files carry data; a plain directory entry is harmless and skipped.
@@ -50,29 +38,124 @@ bool is_regular_file(struct archive_entry* entry, const std::string& path) {
   }
 }
 
-std::string read_entry_data(struct archive* a, struct archive_entry* entry,
-                            const std::string& path) {
-  if (!archive_entry_size_is_set(entry) || archive_entry_size(entry) < 0)
-    fail("entry '" + path + "' has no valid size");
-  std::string data(static_cast<size_t>(archive_entry_size(entry)), '\0');
-  size_t done = 0;
-  while (done < data.size()) {
-    la_ssize_t n = archive_read_data(a, data.data() + done, data.size() - done);
-    if (n < 0) fail("cannot read entry '" + path + "': " + libarchive_error(a));
-    if (n == 0) fail("entry '" + path + "' is truncated");
-    done += static_cast<size_t>(n);
+ssize_t read_fd(int fd, void* buffer, size_t size) {
+  for (;;) {
+    ssize_t n = ::read(fd, buffer, size);
+    if (n >= 0 || errno != EINTR) return n;
   }
-  return data;
 }
 
 }  // namespace
 
+// The file descriptor libarchive reads through; every byte it hands out is hashed.
+struct ArchiveReader::Source {
+  int fd = -1;
+  Sha256 hash;
+  std::vector<char> block = std::vector<char>(kBlock);
+  ~Source() {
+    if (fd >= 0) ::close(fd);
+  }
+  static la_ssize_t read_cb(struct archive* a, void* self, const void** out) {
+    auto* source = static_cast<Source*>(self);
+    ssize_t n = read_fd(source->fd, source->block.data(), source->block.size());
+    if (n < 0) {
+      archive_set_error(a, errno, "%s", std::strerror(errno));
+      return -1;
+    }
+    source->hash.update(source->block.data(), static_cast<size_t>(n));
+    *out = source->block.data();
+    return n;
+  }
+};
+
+ArchiveReader::ArchiveReader(const std::string& archive_path) : source_(std::make_unique<Source>()) {
+  source_->fd = ::open(archive_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (source_->fd < 0) fail(std::strerror(errno));
+  struct stat st{};
+  if (fstat(source_->fd, &st) != 0) fail(std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail("not a regular file");
+  archive_ = archive_read_new();
+  if (!archive_) fail("out of memory creating the archive reader");
+  archive_read_support_filter_zstd(archive_);
+  archive_read_support_format_tar(archive_);
+  if (archive_read_open(archive_, source_.get(), nullptr, &Source::read_cb, nullptr) != ARCHIVE_OK)
+    fail("not a zstd-compressed tar: " + libarchive_error(archive_));
+}
+
+ArchiveReader::~ArchiveReader() {
+  if (archive_) archive_read_free(archive_);
+}
+
+bool ArchiveReader::next(EntryHeader* header) {
+  struct archive_entry* entry = nullptr;
+  int rc = archive_read_next_header(archive_, &entry);
+  if (!checked_filters_) {
+    // Exactly one zstd layer over the tar: filter 0 is zstd, filter 1 the raw file.
+    checked_filters_ = true;
+    if (rc == ARCHIVE_OK || rc == ARCHIVE_WARN || rc == ARCHIVE_EOF) {
+      const int filters = archive_filter_count(archive_);
+      if (archive_filter_code(archive_, 0) != ARCHIVE_FILTER_ZSTD)
+        fail("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)");
+      if (filters != 2) fail("compressed more than once (an .aotpack archive is zstd over tar)");
+    }
+  }
+  if (rc == ARCHIVE_EOF) return false;
+  if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) fail("corrupt archive: " + libarchive_error(archive_));
+  const char* raw = archive_entry_pathname(entry);
+  std::string path = raw ? raw : "";
+  header->regular = is_regular_file(entry, path);
+  if (!header->regular)
+    while (!path.empty() && path.back() == '/') path.pop_back();
+  check_entry_path(path);
+  header->path = path;
+  header->size = 0;
+  if (header->regular) {
+    if (!archive_entry_size_is_set(entry) || archive_entry_size(entry) < 0)
+      fail("entry '" + path + "' has no valid size");
+    header->size = static_cast<uint64_t>(archive_entry_size(entry));
+  }
+  return true;
+}
+
+size_t ArchiveReader::read(void* buffer, size_t capacity) {
+  la_ssize_t n = archive_read_data(archive_, buffer, capacity);
+  if (n < 0) fail("corrupt archive: " + libarchive_error(archive_));
+  return static_cast<size_t>(n);
+}
+
+std::string ArchiveReader::read_small(const EntryHeader& header, uint64_t max_bytes,
+                                      const std::string& what) {
+  if (header.size > max_bytes)
+    fail(what + " is " + std::to_string(header.size) + " bytes, more than the limit of " +
+         std::to_string(max_bytes));
+  std::string data(static_cast<size_t>(header.size), '\0');
+  size_t done = 0;
+  while (done < data.size()) {
+    size_t n = read(data.data() + done, data.size() - done);
+    if (n == 0) fail("entry '" + header.path + "' is truncated");
+    done += n;
+  }
+  return data;
+}
+
+std::string ArchiveReader::file_sha256() {
+  std::vector<char>& block = source_->block;
+  for (;;) {
+    ssize_t n = read_fd(source_->fd, block.data(), block.size());
+    if (n < 0) fail(std::string("cannot read the archive: ") + std::strerror(errno));
+    if (n == 0) break;
+    source_->hash.update(block.data(), static_cast<size_t>(n));
+  }
+  return source_->hash.hex();
+}
+
 void check_entry_path(const std::string& path) {
   if (path.empty()) fail("entry with an empty path");
+  if (path.size() > 4096) fail("entry with a path longer than 4096 bytes");
   if (path.front() == '/') fail("entry '" + path + "' has an absolute path");
   for (unsigned char c : path)
-    if (c < 0x20 || c == 0x7f || c == '\\')
-      fail("entry '" + path + "' has a control character or backslash in its path");
+    if (c <= 0x20 || c >= 0x7f || c == '\\')
+      fail("entry '" + path + "' has a space, control, non-ASCII or backslash character in its path");
   size_t start = 0;
   while (start <= path.size()) {
     size_t end = path.find('/', start);
@@ -84,26 +167,28 @@ void check_entry_path(const std::string& path) {
   }
 }
 
-std::vector<ArchiveEntry> read_archive(const std::string& archive_path) {
-  ArchivePtr a = open_reader(archive_path);
-  std::vector<ArchiveEntry> entries;
-  std::set<std::string> seen;
-  struct archive_entry* entry = nullptr;
-  for (;;) {
-    int rc = archive_read_next_header(a.get(), &entry);
-    if (rc == ARCHIVE_EOF) break;
-    if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN)
-      fail("corrupt archive: " + libarchive_error(a.get()));
-    const char* raw = archive_entry_pathname(entry);
-    std::string path = raw ? raw : "";
-    bool regular = is_regular_file(entry, path);
-    if (!regular && path.size() > 1 && path.back() == '/') path.pop_back();
-    check_entry_path(path);
-    if (!regular) continue;
-    if (!seen.insert(path).second) fail("entry '" + path + "' appears twice");
-    entries.push_back({path, read_entry_data(a.get(), entry, path)});
+std::string file_sha256(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(std::strerror(errno));
+  struct stat st{};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("not a regular file");
   }
-  return entries;
+  Sha256 hash;
+  std::vector<char> block(kBlock);
+  for (;;) {
+    ssize_t n = read_fd(fd, block.data(), block.size());
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail("cannot read '" + path + "': " + std::strerror(err));
+    }
+    if (n == 0) break;
+    hash.update(block.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return hash.hex();
 }
 
 }  // namespace aotpack::detail

@@ -1,24 +1,62 @@
-// Reading a .aotpack archive (tar, zstd-compressed) into memory, refusing unsafe entries.
+// Streaming reader of a .aotpack archive (one zstd-compressed tar): entry headers one at a
+// time, entry data in caller-sized chunks, never a whole entry in memory. Also hashes the
+// raw (compressed) bytes it reads, so the caller can tie what it extracted to the archive's
+// sha256.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
-#include <vector>
+
+struct archive;
 
 namespace aotpack::detail {
 
-struct ArchiveEntry {
-  std::string path;  // validated relative path (e.g. AOTPACK_MODEL_LIBRARY_PATH)
-  std::string data;  // the whole file content
+struct EntryHeader {
+  std::string path;      // validated relative path ("model/model.so"), no trailing '/'
+  bool regular = false;  // false: a plain directory (carries no data; callers skip it)
+  uint64_t size = 0;     // bytes of data (regular files)
 };
 
-/// Reads every regular-file entry of `archive_path`, in archive order. Directory entries
-/// are skipped (the runtime creates folders itself). Throws aotpack::Error on I/O or format
-/// errors, on an unsafe path (see check_entry_path), on links, devices, FIFOs and sockets,
-/// and on a path that appears twice. Nothing is written to disk.
-std::vector<ArchiveEntry> read_archive(const std::string& archive_path);
+class ArchiveReader {
+ public:
+  /// Opens `archive_path` (a regular file). Throws aotpack::Error if it cannot be read.
+  explicit ArchiveReader(const std::string& archive_path);
+  ~ArchiveReader();
+  ArchiveReader(const ArchiveReader&) = delete;
+  ArchiveReader& operator=(const ArchiveReader&) = delete;
 
-/// Throws unless `path` is a plain relative path: not empty, not absolute, no "..", "." or
-/// empty components, no backslash or control characters.
+  /// The next entry's header; false at the end of the archive. Throws aotpack::Error on a
+  /// corrupt archive, on one that is not compressed exactly once with zstd, on an unsafe
+  /// path (check_entry_path), and on links, devices, FIFOs, sockets and other non-regular
+  /// entries. Unread data of the previous entry is skipped.
+  bool next(EntryHeader* header);
+
+  /// Up to `capacity` bytes of the current entry's data; 0 at its end. Throws on corruption.
+  size_t read(void* buffer, size_t capacity);
+
+  /// The whole current entry, which must be at most `max_bytes` (checked on its header
+  /// size before reading). Throws naming `what`.
+  std::string read_small(const EntryHeader& header, uint64_t max_bytes, const std::string& what);
+
+  /// sha256 of the archive file's bytes: reads whatever libarchive left unread. Call once,
+  /// after next() returned false.
+  std::string file_sha256();
+
+ private:
+  struct Source;
+  std::unique_ptr<Source> source_;
+  struct archive* archive_ = nullptr;
+  bool checked_filters_ = false;
+};
+
+/// Throws unless `path` is a plain relative path: not empty, at most 4096 bytes, not
+/// absolute, no "..", "." or empty components, only printable ASCII other than space and
+/// backslash.
 void check_entry_path(const std::string& path);
+
+/// sha256 of a whole regular file, read in fixed chunks. Throws aotpack::Error (the
+/// system's message, or "not a regular file"; callers name the file).
+std::string file_sha256(const std::string& path);
 
 }  // namespace aotpack::detail

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "archive.h"
 #include "dtype.h"
-#include "sha256.h"
 #include "util.h"
 
 namespace aotpack::detail {
@@ -36,7 +36,10 @@ std::string get_string(const json& obj, const std::string& key, const std::strin
 }
 
 int64_t as_int(const json& v, const std::string& where) {
-  if (!v.is_number_integer()) bad(where, "expected an integer");
+  // Integers must fit int64 (the Python reader applies the same rule).
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+    bad(where, "expected an integer");
   return v.get<int64_t>();
 }
 
@@ -111,16 +114,21 @@ bool is_sha256_hex(const std::string& s) {
          });
 }
 
-std::map<std::string, FileRecord> get_files(const json& obj) {
-  std::map<std::string, FileRecord> files;
+std::unordered_map<std::string, FileRecord> get_files(const json& obj) {
+  std::unordered_map<std::string, FileRecord> files;
   for (const auto& [path, rec] : get_object(obj, "files", "").items()) {
     const std::string where = "files[\"" + path + "\"]";
+    try {
+      check_entry_path(path);
+    } catch (const Error& e) {
+      bad(where, e.what());
+    }
+    if (is_manifest_entry(path)) bad(where, "the manifest entries cannot be listed in 'files'");
     if (!rec.is_object()) bad(where, "expected an object");
     FileRecord record;
     record.sha256 = get_string(rec, "sha256", where);
-    std::transform(record.sha256.begin(), record.sha256.end(), record.sha256.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (!is_sha256_hex(record.sha256)) bad(where + ".sha256", "not a 64-digit hex digest");
+    if (!is_sha256_hex(record.sha256))
+      bad(where + ".sha256", "not a 64-digit lower-case hex digest");
     int64_t size = get_int(rec, "size", where);
     if (size < 0) bad(where + ".size", "negative");
     record.size = static_cast<uint64_t>(size);
@@ -129,7 +137,32 @@ std::map<std::string, FileRecord> get_files(const json& obj) {
   return files;
 }
 
-json parse_json(const std::string& text) {
+// Deepest nesting of arrays and objects, scanning outside strings; stops past `limit`.
+uint64_t nesting_depth(const std::string& text, uint64_t limit) {
+  uint64_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+json parse_json(const std::string& text, uint64_t max_depth) {
+  if (text.size() >= 3 && text.compare(0, 3, "\xef\xbb\xbf") == 0)
+    fail("manifest.json starts with a byte-order mark (it must be plain UTF-8 JSON)");
+  if (nesting_depth(text, max_depth) > max_depth)
+    fail("manifest.json nests deeper than " + std::to_string(max_depth) + " levels");
   try {
     json doc = json::parse(text);
     if (!doc.is_object()) fail(AOTPACK_MANIFEST_PATH ": expected a JSON object at the top level");
@@ -141,8 +174,12 @@ json parse_json(const std::string& text) {
 
 }  // namespace
 
-Manifest parse_manifest(const std::string& text) {
-  const json doc = parse_json(text);
+bool is_manifest_entry(const std::string& path) {
+  return path == kManifestPath || path == kManifestDigestPath || path == kManifestSignaturePath;
+}
+
+Manifest parse_manifest(const std::string& text, uint64_t max_depth) {
+  const json doc = parse_json(text, max_depth);
   Manifest m;
   m.text = text;
   m.format_version = get_int(doc, "format_version", "");
@@ -170,38 +207,28 @@ Manifest parse_manifest(const std::string& text) {
   m.outputs = get_specs(doc, "outputs");
   if (doc.contains("mutated_buffers")) m.mutated_buffers = get_strings(doc, "mutated_buffers", "");
   m.files = get_files(doc);
+  if (!m.files.count(m.model_library))
+    bad("model.library", "'" + m.model_library + "' is not one of the archive's files");
   return m;
 }
 
-void verify_files(const Manifest& manifest, const std::vector<ArchiveEntry>& entries) {
-  if (manifest.files.count(kManifestPath))
-    fail(AOTPACK_MANIFEST_PATH " lists itself in 'files' (it cannot hold its own checksum)");
-  size_t listed_present = 0;
-  for (const ArchiveEntry& entry : entries) {
-    if (entry.path == kManifestPath) continue;
-    auto it = manifest.files.find(entry.path);
-    if (it == manifest.files.end())
-      fail("entry '" + entry.path + "' is not listed in " AOTPACK_MANIFEST_PATH " 'files'");
-    if (entry.data.size() != it->second.size)
-      fail("entry '" + entry.path + "' is " + std::to_string(entry.data.size()) +
-           " bytes, " AOTPACK_MANIFEST_PATH " says " + std::to_string(it->second.size));
-    if (sha256_hex(entry.data) != it->second.sha256)
-      fail("sha256 mismatch for '" + entry.path + "' (the archive is corrupt or was modified)");
-    ++listed_present;
-  }
-  if (listed_present == manifest.files.size()) return;
+void check_limits(const Manifest& manifest, const Limits& limits) {
+  // +3: manifest.json, manifest.sha256 and manifest.sig are entries too.
+  if (manifest.files.size() + 3 > limits.max_entries)
+    fail("manifest.json lists " + std::to_string(manifest.files.size()) +
+         " files, more than the limit of " + std::to_string(limits.max_entries) +
+         " entries (AOTPACK_MAX_ENTRIES)");
+  uint64_t total = 0;
   for (const auto& [path, record] : manifest.files) {
-    bool present = std::any_of(entries.begin(), entries.end(),
-                               [&](const ArchiveEntry& e) { return e.path == path; });
-    if (!present)
-      fail("file '" + path + "' listed in " AOTPACK_MANIFEST_PATH " is missing from the archive");
+    if (record.size > limits.max_entry_bytes)
+      fail("file '" + path + "' is " + std::to_string(record.size) +
+           " bytes, more than the limit of " + std::to_string(limits.max_entry_bytes) +
+           " per entry (AOTPACK_MAX_ENTRY_BYTES)");
+    if (record.size > limits.max_total_bytes - total)
+      fail("the files of manifest.json add up to more than the limit of " +
+           std::to_string(limits.max_total_bytes) + " bytes (AOTPACK_MAX_TOTAL_BYTES)");
+    total += record.size;
   }
-}
-
-const ArchiveEntry& find_entry(const std::vector<ArchiveEntry>& entries, const std::string& path) {
-  for (const ArchiveEntry& entry : entries)
-    if (entry.path == path) return entry;
-  fail("the archive has no '" + path + "'");
 }
 
 }  // namespace aotpack::detail

@@ -1,6 +1,7 @@
 // aotpack::Model: verify the archive, extract it, build the constants, load model.so, run.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
 
@@ -8,12 +9,13 @@
 #include <mutex>
 
 #include "aotpack/runtime.h"
-#include "archive.h"
 #include "compat.h"
+#include "cores.h"
+#include "extraction.h"
 #include "host.h"
 #include "manifest.h"
 #include "safetensors.h"
-#include "tempdir.h"
+#include "signature.h"
 #include "tensor_handle.h"
 
 namespace aotpack {
@@ -78,29 +80,40 @@ bool same_strides(c10::IntArrayRef shape, c10::IntArrayRef got, c10::IntArrayRef
   return true;
 }
 
-// A tensor laid out exactly as `spec` says, filled from row-major bytes.
-at::Tensor tensor_from_bytes(const TensorSpec& spec, const char* bytes) {
+// A tensor laid out exactly as `spec` says over row-major bytes inside `weights`: the
+// mapped bytes themselves when the layout is row-major and the address is aligned (the
+// mapping is copy-on-write, so in-place updates stay private), else a copy.
+at::Tensor tensor_from_bytes(const TensorSpec& spec, const char* bytes,
+                             const std::shared_ptr<detail::MappedFile>& weights) {
   const auto options = at::TensorOptions().dtype(spec.dtype);
+  at::Tensor row_major_view;
+  const size_t itemsize = c10::elementSize(spec.dtype);
+  if (reinterpret_cast<uintptr_t>(bytes) % itemsize == 0) {
+    row_major_view = at::from_blob(const_cast<char*>(bytes), spec.shape,
+                                   [keep = weights](void*) mutable { keep.reset(); }, options);
+    if (same_strides(spec.shape, row_major_view.strides(), spec.strides)) return row_major_view;
+  }
   at::Tensor tensor = at::empty_strided(spec.shape, spec.strides, options);
   if (tensor.numel() == 0) return tensor;
-  const size_t nbytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
-  if (tensor.is_contiguous()) {  // row-major already: one memcpy (bytes may be unaligned)
-    std::memcpy(tensor.data_ptr(), bytes, nbytes);
+  if (row_major_view.defined()) {
+    tensor.copy_(row_major_view);
     return tensor;
   }
-  at::Tensor row_major = at::empty(spec.shape, options);
-  std::memcpy(row_major.data_ptr(), bytes, nbytes);
+  at::Tensor row_major = at::empty(spec.shape, options);  // unaligned bytes: memcpy first
+  std::memcpy(row_major.data_ptr(), bytes,
+              static_cast<size_t>(row_major.numel()) * row_major.element_size());
   tensor.copy_(row_major);
   return tensor;
 }
 
-std::vector<at::Tensor> make_constants(const detail::Manifest& manifest,
-                                       const std::vector<detail::ArchiveEntry>& entries) {
+std::vector<at::Tensor> make_constants(const detail::Manifest& manifest, const std::string& root) {
   if (manifest.constants.empty()) return {};
-  const std::string& weights = detail::find_entry(entries, detail::kWeightsPath).data;
+  if (!manifest.files.count(detail::kWeightsPath))
+    fail(std::string("the archive has no '") + detail::kWeightsPath + "'");
+  auto weights = detail::MappedFile::open(root + "/" + detail::kWeightsPath);
   std::map<std::string, detail::SafeTensorView> views;
   try {
-    views = detail::parse_safetensors(weights);
+    views = detail::parse_safetensors(weights->data, weights->size);
   } catch (const Error& e) {
     fail(std::string(detail::kWeightsPath) + ": " + e.what());
   }
@@ -111,10 +124,9 @@ std::vector<at::Tensor> make_constants(const detail::Manifest& manifest,
       fail("constant '" + spec.name + "' is missing from " + detail::kWeightsPath);
     const detail::SafeTensorView& view = it->second;
     if (view.dtype != spec.dtype || view.shape != spec.shape)
-      fail("constant '" + spec.name + "': " AOTPACK_MANIFEST_PATH " says " +
-           describe(spec.dtype, spec.shape) + ", " + detail::kWeightsPath + " holds " +
-           describe(view.dtype, view.shape));
-    constants.push_back(tensor_from_bytes(spec, view.data));
+      fail("constant '" + spec.name + "': " AOTPACK_MANIFEST_PATH " says " + describe(spec.dtype, spec.shape) +
+           ", " + detail::kWeightsPath + " holds " + describe(view.dtype, view.shape));
+    constants.push_back(tensor_from_bytes(spec, view.data, weights));
   }
   return constants;
 }
@@ -164,7 +176,7 @@ struct __attribute__((visibility("hidden"))) Model::Impl {
   std::string archive_path;
   detail::Manifest manifest;
   std::vector<at::Tensor> constants;  // manifest order; model.so borrows them
-  detail::TempDir dir;
+  detail::Extraction dir;  // the verified files; see extraction.h
   ModelLibrary library;  // declared after dir: unloaded before the folder is removed
   void* instance = nullptr;
   std::mutex run_mutex;  // runs are serialised: the model may write its buffers in place
@@ -175,36 +187,30 @@ struct __attribute__((visibility("hidden"))) Model::Impl {
   }
 
   void load(int32_t device_limit);
-  void write_files(const std::vector<detail::ArchiveEntry>& entries);
   void create_instance(int32_t device_limit);
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
 };
 
 void Model::Impl::load(int32_t device_limit) {
-  if (device_limit < 0) fail("device_limit must be >= 0, got " + std::to_string(device_limit));
-  // 1. Everything is read and verified in memory before a byte is written or loaded.
-  std::vector<detail::ArchiveEntry> entries = detail::read_archive(archive_path);
-  manifest = detail::parse_manifest(detail::find_entry(entries, detail::kManifestPath).data);
-  detail::verify_files(manifest, entries);
-  detail::check_compatibility(manifest);
-  check_mutated_buffers(manifest);
+  detail::check_device_limit(device_limit);
+  // 1. Verified entry by entry (the manifest and its signature before anything is written),
+  //    streamed to the extraction cache or a private folder; every .so passes check_elf.
+  dir = detail::Extraction::open(archive_path, detail::Limits::from_env(),
+                                 detail::trusted_key_paths(),
+                                 [](const detail::Manifest& m) {
+                                   detail::check_compatibility(m);
+                                   check_mutated_buffers(m);
+                                 },
+                                 &manifest);
   c10::InferenceMode inference;
-  constants = make_constants(manifest, entries);
-  // 2. Only now: extract, dlopen, create.
-  write_files(entries);
-  entries = {};  // the extracted copies and the constants are all we keep
+  constants = make_constants(manifest, dir.path());
+  // 2. Only now: dlopen, create.
   library.open(dir.path() + "/" + manifest.model_library, manifest.model_library);
   detail::check_model_abi(manifest.model_library, library.abi_version());
+  // Default: the build-time limit, capped by the cores available here.
+  if (device_limit == 0 && manifest.device_limit > detail::available_cores())
+    device_limit = detail::available_cores();
   create_instance(device_limit);
-}
-
-void Model::Impl::write_files(const std::vector<detail::ArchiveEntry>& entries) {
-  dir = detail::TempDir::create();
-  for (const detail::ArchiveEntry& entry : entries) {
-    const bool shared_object =
-        entry.path.size() > 3 && entry.path.compare(entry.path.size() - 3, 3, ".so") == 0;
-    dir.write_file(entry.path, entry.data, shared_object ? 0755 : 0644);
-  }
 }
 
 void Model::Impl::create_instance(int32_t device_limit) {

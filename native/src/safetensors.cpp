@@ -1,6 +1,13 @@
 #include "safetensors.h"
 
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "dtype.h"
 #include "util.h"
@@ -10,16 +17,15 @@ namespace {
 
 using nlohmann::json;
 
-uint64_t read_le64(const std::string& bytes) {
+uint64_t read_le64(const char* bytes) {
   uint64_t value = 0;
   for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
   return value;
 }
 
-json parse_header(const std::string& file, uint64_t header_len) {
+json parse_header(const char* file, uint64_t header_len) {
   try {
-    json header =
-        json::parse(file.begin() + 8, file.begin() + 8 + static_cast<ptrdiff_t>(header_len));
+    json header = json::parse(file + 8, file + 8 + header_len);
     if (!header.is_object()) fail("header is not a JSON object");
     return header;
   } catch (const json::exception& e) {
@@ -63,19 +69,51 @@ SafeTensorView parse_tensor(const json& info, const std::string& name, const cha
 
 }  // namespace
 
-std::map<std::string, SafeTensorView> parse_safetensors(const std::string& file) {
-  if (file.size() < 8) fail("safetensors file is shorter than its 8-byte header length");
+std::map<std::string, SafeTensorView> parse_safetensors(const char* file, size_t size) {
+  if (size < 8) fail("safetensors file is shorter than its 8-byte header length");
   const uint64_t header_len = read_le64(file);
-  if (header_len > file.size() - 8) fail("safetensors header length exceeds the file size");
+  if (header_len > size - 8) fail("safetensors header length exceeds the file size");
   const json header = parse_header(file, header_len);
-  const char* data = file.data() + 8 + header_len;
-  const uint64_t data_size = file.size() - 8 - header_len;
+  const char* data = file + 8 + header_len;
+  const uint64_t data_size = size - 8 - header_len;
   std::map<std::string, SafeTensorView> tensors;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
     tensors.emplace(name, parse_tensor(info, name, data, data_size));
   }
   return tensors;
+}
+
+std::map<std::string, SafeTensorView> parse_safetensors(const std::string& file) {
+  return parse_safetensors(file.data(), file.size());
+}
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st{};
+  if (fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("cannot stat '" + path + "'");
+  }
+  auto mapped = std::make_shared<MappedFile>();
+  if (st.st_size > 0) {
+    void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_PRIVATE,
+                   fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail("cannot map '" + path + "': " + std::strerror(err));
+    }
+    mapped->data = static_cast<const char*>(p);
+    mapped->size = static_cast<size_t>(st.st_size);
+  }
+  ::close(fd);
+  return mapped;
+}
+
+MappedFile::~MappedFile() {
+  if (data) munmap(const_cast<char*>(data), size);
 }
 
 }  // namespace aotpack::detail

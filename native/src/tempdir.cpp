@@ -28,17 +28,26 @@ void make_parents(const std::string& root, const std::string& relative_path) {
   }
 }
 
-void write_all(int fd, const std::string& data, const std::string& path) {
+}  // namespace
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
   size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+  while (done < size) {
+    ssize_t n = ::write(fd, data + done, size - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) fail(errno_message("write", path));
     done += static_cast<size_t>(n);
   }
 }
 
-}  // namespace
+int create_new_file(const std::string& root, const std::string& relative_path, unsigned mode) {
+  make_parents(root, relative_path);
+  const std::string full = root + "/" + relative_path;
+  // O_EXCL | O_NOFOLLOW: never write through something that appeared there meanwhile.
+  int fd = ::open(full.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) fail(errno_message("create", full));
+  return fd;
+}
 
 TempDir TempDir::create() {
   const char* base = std::getenv("TMPDIR");
@@ -51,13 +60,10 @@ TempDir TempDir::create() {
 
 void TempDir::write_file(const std::string& relative_path, const std::string& data,
                          unsigned mode) const {
-  make_parents(path_, relative_path);
   const std::string full = path_ + "/" + relative_path;
-  // O_EXCL | O_NOFOLLOW: never write through something that appeared there meanwhile.
-  int fd = ::open(full.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) fail(errno_message("create", full));
+  int fd = create_new_file(path_, relative_path, mode);
   try {
-    write_all(fd, data, full);
+    write_all(fd, data.data(), data.size(), full);
   } catch (...) {
     ::close(fd);
     throw;

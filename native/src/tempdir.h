@@ -5,6 +5,14 @@
 
 namespace aotpack::detail {
 
+/// Creates `root/relative_path` (already validated) for writing, with its parent folders
+/// (0700); the file must not exist yet (O_EXCL, no symlinks followed). Returns the file
+/// descriptor; throws aotpack::Error.
+int create_new_file(const std::string& root, const std::string& relative_path, unsigned mode);
+
+/// Writes all of `data` to `fd`; `path` names it in errors. Throws aotpack::Error.
+void write_all(int fd, const char* data, size_t size, const std::string& path);
+
 class TempDir {
  public:
   /// Creates $TMPDIR/aotpack-XXXXXX (or /tmp/...) with mkdtemp; throws aotpack::Error.

@@ -15,6 +15,10 @@
 
 #include "../src/archive.h"
 #include "../src/compat.h"
+#include "../src/cores.h"
+#include "../src/elf_check.h"
+#include "../src/extract.h"
+#include "../src/sha256.h"
 #include "../src/host.h"
 #include "../src/manifest.h"
 #include "../src/safetensors.h"
@@ -213,24 +217,87 @@ void test_manifest() {
   EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "differ in length");
   EXPECT_THROWS(aotpack::detail::parse_manifest("{not json"), "not valid JSON");
 
-  // files vs entries
-  const std::vector<aotpack::detail::ArchiveEntry> good = {{AOTPACK_MANIFEST_PATH, "{}"},
-                                                           {AOTPACK_MODEL_LIBRARY_PATH, "abc"}};
+  // one reader's rules (docs/archive.md): the Python reader refuses the same
   j = minimal_manifest();
-  j["files"][AOTPACK_MODEL_LIBRARY_PATH]["sha256"] =
-      "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";  // sha256("abc")
-  aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()), good);
-  EXPECT_THROWS(aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()),
-                                              {{AOTPACK_MANIFEST_PATH, "{}"},
-                                               {AOTPACK_MODEL_LIBRARY_PATH, "abd"}}),
-                "sha256 mismatch for '" AOTPACK_MODEL_LIBRARY_PATH "'");
-  EXPECT_THROWS(aotpack::detail::verify_files(
-                    aotpack::detail::parse_manifest(j.dump()),
-                    {{AOTPACK_MANIFEST_PATH, "{}"}, {AOTPACK_MODEL_LIBRARY_PATH, "abc"}, {"x", ""}}),
-                "'x' is not listed");
-  EXPECT_THROWS(aotpack::detail::verify_files(aotpack::detail::parse_manifest(j.dump()),
-                                              {{AOTPACK_MANIFEST_PATH, "{}"}}),
-                "'" AOTPACK_MODEL_LIBRARY_PATH "' listed in " AOTPACK_MANIFEST_PATH " is missing");
+  j["files"]["model/model.so"]["sha256"] = std::string(64, 'A');
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "not a 64-digit lower-case hex digest");
+  j = minimal_manifest();
+  j["files"] = nlohmann::json::array();
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "manifest.json: files: expected an object");
+  j = minimal_manifest();
+  j["files"]["../evil"] = {{"sha256", std::string(64, 'a')}, {"size", 1}};
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "'..' component");
+  j = minimal_manifest();
+  j["files"]["manifest.sig"] = {{"sha256", std::string(64, 'a')}, {"size", 1}};
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "manifest entries cannot be listed");
+  j = minimal_manifest();
+  j["model"]["library"] = "model/other.so";
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "is not one of the archive's files");
+  j = minimal_manifest();
+  j["files"]["model/model.so"]["size"] = 18446744073709551615ull;
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), "size: expected an integer");
+  EXPECT_THROWS(aotpack::detail::parse_manifest("null"), "expected a JSON object");
+  EXPECT_THROWS(aotpack::detail::parse_manifest("[1]"), "expected a JSON object");
+  EXPECT_THROWS(aotpack::detail::parse_manifest("\xef\xbb\xbf{}"), "byte-order mark");
+  EXPECT_THROWS(aotpack::detail::parse_manifest(std::string(100000, '[')), "nests deeper than 64");
+  EXPECT_THROWS(aotpack::detail::parse_manifest(std::string("{\0\"\0", 4)), "not valid JSON");
+
+  // limits, checked on the manifest before anything is read
+  aotpack::detail::Limits limits;
+  limits.max_entries = 3;
+  const auto parsed = aotpack::detail::parse_manifest(minimal_manifest().dump());
+  EXPECT_THROWS(aotpack::detail::check_limits(parsed, limits), "AOTPACK_MAX_ENTRIES");
+  limits = {};
+  limits.max_entry_bytes = 2;
+  EXPECT_THROWS(aotpack::detail::check_limits(parsed, limits), "AOTPACK_MAX_ENTRY_BYTES");
+  limits = {};
+  limits.max_total_bytes = 2;
+  EXPECT_THROWS(aotpack::detail::check_limits(parsed, limits), "AOTPACK_MAX_TOTAL_BYTES");
+  aotpack::detail::check_limits(parsed, aotpack::detail::Limits{});
+
+  // the manifest digest and signatures
+  const std::string text = minimal_manifest().dump();
+  const std::string digest = aotpack::detail::sha256_hex(text) + "\n";
+  aotpack::detail::check_manifest_entries(text, digest, "", {}, aotpack::detail::Limits{});
+  EXPECT_THROWS(aotpack::detail::check_manifest_entries(text + " ", digest, "", {}, {}),
+                "does not match manifest.sha256");
+  EXPECT_THROWS(aotpack::detail::check_manifest_entries(text, digest, "", {"/nonexistent.pem"}, {}),
+                "the archive is not signed");
+  EXPECT_THROWS(aotpack::detail::check_manifest_entries(text, digest, std::string(64, 'x'),
+                                                        {"/nonexistent.pem"}, {}),
+                "cannot read trusted key '/nonexistent.pem'");
+}
+
+// ---- ELF check before dlopen ----
+
+void test_elf_check() {
+  namespace fs = std::filesystem;
+  auto dir = aotpack::detail::TempDir::create();
+  const std::string good = dir.path() + "/good.so", cut = dir.path() + "/cut.so";
+  fs::copy_file("/proc/self/exe", good);  // a PIE: ET_DYN like any .so
+  aotpack::detail::check_elf(good, "good.so");
+  fs::copy_file(good, cut);
+  fs::resize_file(cut, fs::file_size(good) - 100);  // section headers are at the end
+  EXPECT_THROWS(aotpack::detail::check_elf(cut, "cut.so"),
+                "cut.so is not a valid shared object for this host");
+  fs::resize_file(cut, 4000);
+  EXPECT_THROWS(aotpack::detail::check_elf(cut, "cut.so"), "outside the file");
+  fs::resize_file(cut, 10);
+  EXPECT_THROWS(aotpack::detail::check_elf(cut, "cut.so"), "shorter than an ELF header");
+  dir.write_file("text.so", std::string(200, 'x'), 0644);
+  EXPECT_THROWS(aotpack::detail::check_elf(dir.path() + "/text.so", "text.so"), "no ELF magic");
+}
+
+// ---- cores ----
+
+void test_cores() {
+  const int32_t cores = aotpack::detail::available_cores();
+  EXPECT(cores >= 1);
+  aotpack::detail::check_device_limit(0);
+  aotpack::detail::check_device_limit(cores);
+  EXPECT_THROWS(aotpack::detail::check_device_limit(cores + 1),
+                "device limit " + std::to_string(cores + 1) + " exceeds the " +
+                    std::to_string(cores) + " cores available");
 }
 
 // ---- compatibility ----
@@ -498,6 +565,8 @@ int main() {
   test_host_op_errors();
   test_host_tensors();
   test_temp_dir();
+  test_elf_check();
+  test_cores();
   test_load_errors();
   test_c_tensors();
   std::printf("%d/%d checks passed\n", g_checks - g_failures, g_checks);

@@ -7,6 +7,8 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,8 +22,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: aotpack-run ARCHIVE INPUT.npy... [--output OUT.npz] [--bench N] [--warmup W]\n"
-    "                   [--device-limit C]\n"
-    "       aotpack-run ARCHIVE --check\n"
+    "                   [--device-limit C] [--trusted-key PUB.pem]...\n"
+    "       aotpack-run ARCHIVE --check [--trusted-key PUB.pem]...\n"
     "\n"
     "Load a .aotpack archive, run it once on the given .npy inputs (manifest order) and\n"
     "print each output's name, dtype, shape and first values.\n"
@@ -36,7 +38,14 @@ constexpr char kUsage[] =
     "  --check            only load the archive (checksums, torch version, CPU features,\n"
     "                     model.so) and print 'ok: NAME VERSION'\n"
     "  --device-limit C   cores the model may use: fused kernels and ATen threads\n"
-    "                     (default 0: the build-time limit for kernels, all for ATen)\n"
+    "                     (default 0: the build-time limit for kernels, all for ATen);\n"
+    "                     more than the cores available to this process is an error\n"
+    "  --trusted-key PUB  require a valid Ed25519 signature by this public key (PEM);\n"
+    "                     repeatable, adds to AOTPACK_TRUSTED_KEYS (colon-separated)\n"
+    "\n"
+    "The archive is extracted to $XDG_CACHE_HOME/aotpack/runtime/ (default ~/.cache) and\n"
+    "reused by later runs; AOTPACK_RUNTIME_CACHE=0 extracts to a private $TMPDIR folder.\n"
+    "SIGINT, SIGTERM and SIGHUP stop it cleanly (exit 128+signal) with nothing left behind.\n"
     "  -h, --help         show this help\n";
 
 struct UsageError : std::runtime_error {
@@ -50,6 +59,7 @@ struct Options {
   int64_t bench_runs = 0;
   int64_t warmup_runs = 10;
   int32_t device_limit = 0;
+  std::vector<std::string> trusted_keys;
   bool help = false;
   bool check = false;
 };
@@ -96,6 +106,9 @@ Options parse_args(int argc, char** argv) {
       opt.warmup_runs = parse_count("--warmup", value, 0, 100000000);
     } else if (take_value("--device-limit", argc, argv, &i, &value)) {
       opt.device_limit = static_cast<int32_t>(parse_count("--device-limit", value, 0, 1 << 20));
+    } else if (take_value("--trusted-key", argc, argv, &i, &value)) {
+      if (value.empty()) throw UsageError("--trusted-key needs a file name");
+      opt.trusted_keys.push_back(value);
     } else if (arg.size() > 1 && arg[0] == '-') {
       throw UsageError("unknown option '" + arg + "'");
     } else {
@@ -109,6 +122,34 @@ Options parse_args(int argc, char** argv) {
   if (opt.check && (!opt.inputs.empty() || !opt.output.empty() || opt.bench_runs > 0))
     throw UsageError("--check only loads the archive: give no inputs, --output or --bench with it");
   return opt;
+}
+
+// ---- signals: the first SIGINT/SIGTERM/SIGHUP asks for a clean stop (checked after the
+// load and between runs, so the model's folder is released by its destructor); a second
+// one acts as usual ----
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  std::signal(sig, SIG_DFL);
+}
+
+void install_stop_handlers() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction action{};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(sig, &action, nullptr);
+  }
+}
+
+struct Stopped {
+  int signal;
+};
+
+void stop_if_signalled() {
+  if (const int sig = g_stop_signal.load()) throw Stopped{sig};
 }
 
 // ---- inputs ----
@@ -247,10 +288,14 @@ double elapsed_us(std::chrono::steady_clock::time_point start) {
 std::vector<at::Tensor> bench(aotpack::Model& model, const std::vector<at::Tensor>& inputs,
                               const Options& opt) {
   std::vector<at::Tensor> outputs;
-  for (int64_t i = 0; i < opt.warmup_runs; ++i) outputs = model.run(inputs);
+  for (int64_t i = 0; i < opt.warmup_runs; ++i) {
+    stop_if_signalled();
+    outputs = model.run(inputs);
+  }
   std::vector<double> latencies;
   latencies.reserve(opt.bench_runs);
   for (int64_t i = 0; i < opt.bench_runs; ++i) {
+    stop_if_signalled();
     const auto start = std::chrono::steady_clock::now();
     outputs = model.run(inputs);
     latencies.push_back(elapsed_us(start));
@@ -263,20 +308,29 @@ std::vector<at::Tensor> bench(aotpack::Model& model, const std::vector<at::Tenso
 }
 
 int run_tool(const Options& opt) {
+  if (!opt.trusted_keys.empty()) {  // the library reads the keys from the environment
+    const char* env = std::getenv("AOTPACK_TRUSTED_KEYS");
+    std::string keys = env ? env : "";
+    for (const std::string& key : opt.trusted_keys) keys += (keys.empty() ? "" : ":") + key;
+    setenv("AOTPACK_TRUSTED_KEYS", keys.c_str(), 1);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  aotpack::Model model = aotpack::Model::load(opt.archive, opt.device_limit);  // checks the limit
+  const double load_ms = elapsed_us(start) / 1000.0;
   // The limit covers the whole model: fused kernels (via the model) and ATen's
   // extern calls (its intra-op thread pool) alike.
   if (opt.device_limit > 0) at::set_num_threads(opt.device_limit);
-  const auto start = std::chrono::steady_clock::now();
-  aotpack::Model model = aotpack::Model::load(opt.archive, opt.device_limit);
-  const double load_ms = elapsed_us(start) / 1000.0;
+  stop_if_signalled();
   if (opt.check) {
     std::printf("ok: %s %s (loaded in %.1f ms)\n", model.name().c_str(), model.version().c_str(), load_ms);
     return 0;
   }
   const std::vector<at::Tensor> inputs = load_inputs(opt, model);
+  stop_if_signalled();
   std::vector<at::Tensor> outputs;
   if (opt.bench_runs > 0) {
     std::printf("load_ms=%.3f\n", load_ms);
+    std::fflush(stdout);  // a caller waiting for the load sees it now
     outputs = bench(model, inputs, opt);
   } else {
     outputs = model.run(inputs);
@@ -291,6 +345,7 @@ int run_tool(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_stop_handlers();
   try {
     const Options opt = parse_args(argc, argv);
     if (opt.help) {
@@ -298,6 +353,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     return run_tool(opt);
+  } catch (const Stopped& stopped) {
+    std::fprintf(stderr, "aotpack-run: stopped by signal %d\n", stopped.signal);
+    return 128 + stopped.signal;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "aotpack-run: error: %s\n(run 'aotpack-run --help' for usage)\n",
                  e.what());

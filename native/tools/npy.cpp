@@ -3,6 +3,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -242,12 +243,28 @@ Array parse(const std::string& bytes, const std::string& label) {
 }
 
 Array read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream content;
-  content << in.rdbuf();
-  if (in.bad()) fail("cannot read '" + path + "'");
-  return parse(content.str(), path);
+  // Only a regular file, read to its size: /dev/zero, a FIFO or a terminal is an error,
+  // never an endless read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st{};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("cannot read '" + path + "': not a regular file");
+  }
+  std::string content(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::read(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      fail("cannot read '" + path + "'" + (n < 0 ? std::string(": ") + std::strerror(errno) : ": it shrank"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return parse(content, path);
 }
 
 std::string encode(c10::ScalarType dtype, const std::vector<int64_t>& shape, const void* data,

@@ -23,7 +23,8 @@ struct Array {
 /// Parses the bytes of a .npy file; `label` names it in errors. Throws aotpack::Error.
 Array parse(const std::string& bytes, const std::string& label);
 
-/// Reads and parses the .npy file at `path`. Throws aotpack::Error naming the file.
+/// Reads and parses the .npy file at `path`, which must be a regular file (read up to its
+/// size, so a device or FIFO cannot make it read forever). Throws aotpack::Error naming it.
 Array read(const std::string& path);
 
 /// The .npy file (format 1.0, or 2.0 for huge headers) for row-major `data`.

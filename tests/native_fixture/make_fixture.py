@@ -102,13 +102,15 @@ def _tar_member(path: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
 
 def write_archive(path: Path, manifest: dict | bytes | None, files: dict[str, bytes],
                   extra_members: list[tarfile.TarInfo] = ()) -> Path:
-    """Deterministic tar.zst: manifest.json first, then files sorted by path, then any
+    """Deterministic tar.zst: manifest.json and its manifest.sha256 first, then files sorted by path, then any
     `extra_members` (for hostile variants: links, devices...)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         if manifest is not None:
             text = manifest if isinstance(manifest, bytes) else json.dumps(manifest, indent=2).encode()
             tar.addfile(*_tar_member(layout.MANIFEST_PATH, text))
+            digest = (hashlib.sha256(text).hexdigest() + "\n").encode()
+            tar.addfile(*_tar_member(layout.MANIFEST_DIGEST_PATH, digest))
         for name in sorted(files):
             tar.addfile(*_tar_member(name, files[name]))
         for member in extra_members:

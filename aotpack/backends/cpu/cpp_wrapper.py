@@ -7,7 +7,6 @@ extern calls through the host's dispatcher entry, mutation write-back and output
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +19,7 @@ from aotpack.render import render
 
 #: Model ABI (AOTPACK_MODEL_ABI_VERSION_MAJOR/_MINOR in model_abi.h). The manifest's
 #: ``model.abi_version`` records the MAJOR, which the runtime requires to match.
-MODEL_ABI_VERSION_MAJOR, MODEL_ABI_VERSION_MINOR = 2, 0
+MODEL_ABI_VERSION_MAJOR, MODEL_ABI_VERSION_MINOR = layout.MODEL_ABI_VERSION_MAJOR, 0
 MODEL_ABI_VERSION = MODEL_ABI_VERSION_MAJOR
 
 #: torch dtype -> c10::ScalarType code (AotpackDType in model_abi.h).

@@ -19,7 +19,7 @@ import torch
 
 from aotpack.backends.cpu.formulas import C_TYPES, formula, literal
 from aotpack.index import contiguous_strides
-from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce, row_vars
+from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce
 from aotpack.render import render
 
 
