@@ -88,8 +88,8 @@ def test_runtime_override_must_exist(build_model, tmp_path):
     assert result.returncode == 1
     assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME_LIB={tmp_path / 'missing'} is not a "
                              "file; point it at libaotpack_runtime.so or unset it\n")
-    env = dict(os.environ, AOTPACK_RUNTIME=str(tmp_path / "missing"))  # verify's load check
-    result = aotpack("verify", archive, env=env)
+    env = dict(os.environ, AOTPACK_RUNTIME=str(tmp_path / "missing"))  # verify --run's load check
+    result = aotpack("verify", archive, "--run", env=env)
     assert result.returncode == 1
     assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME={tmp_path / 'missing'} is not an "
                              "executable file; point it at aotpack-run or unset it\n")
