@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import re
 import tempfile
 import time
@@ -21,7 +22,7 @@ from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import parity, runtime, signing, verify
+from aotpack import leftovers, parity, runtime, signing, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
@@ -70,9 +71,9 @@ def _kernel_files(compiled: dict, choices: dict, shipped: dict) -> dict[str, byt
         name, index = c.candidate_set.kernel.name, choices[kid].index
         winner = c.candidate_set.candidates[index]
         wrapper, wrapper_source = shipped[kid]
-        files[layout.lib_kernel_path(name, winner.kernel_key)] = c.binary(index).read_bytes()
+        files[layout.lib_kernel_path(name, winner.kernel_key)] = cache.verified_bytes(c.binary(index))
         files[layout.lib_kernel_source_path(name, winner.kernel_key)] = c.candidate_set.sources[index].encode()
-        files[layout.wrapper_path(name)] = wrapper.read_bytes()
+        files[layout.wrapper_path(name)] = cache.verified_bytes(wrapper)
         files[layout.wrapper_source_path(name)] = wrapper_source.encode()
         files[layout.optimize_tiling_path(name)] = (winner.optimize_tiling + "\n").encode()
     return files
@@ -115,6 +116,23 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
     log.info("native runtime vs eager PyTorch: max abs error %.3g", check.max_abs_error)
 
 
+def _check_output_dir(out_dir: Path) -> None:
+    """Fail before any compile when the archive could not be written into ``out_dir``.
+
+    Raises:
+        AotpackError: it is not a folder, cannot be created, or is not writable.
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise AotpackError(f"output folder {out_dir} is a file, not a folder; choose another with -o") from None
+    except OSError as exc:
+        raise AotpackError(f"cannot create output folder {out_dir}: {exc.strerror or exc}; choose another "
+                           "with -o") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise AotpackError(f"output folder {out_dir} is not writable; choose another with -o")
+
+
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None,
           allow_mismatch: bool = False, selftest: bool = False,
@@ -144,6 +162,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                            "letters, digits, '_', '.' or '-'; choose one with --name")
     version = check_version((model_file.version or "0.1.0") if version is None else version)
     archive = Path(out_dir) / f"{name}-{version}.aotpack"
+    _check_output_dir(Path(out_dir))
+    leftovers.clean_tmpdir()
     backend = backends.get(settings.backend)
     if sign_key is not None:
         signing.sign_bytes(b"", sign_key)  # an unusable key fails now, not after the compile
@@ -188,7 +208,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
             "device_limit": settings.device_limit}
     source = codegen.generate(graph, backend, sets, choices, meta)
-    with tempfile.TemporaryDirectory(prefix="aotpack-model-") as work:
+    with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work:
         model_so, seconds["compile_model_so"] = backend.compile_model(source, Path(work), settings)
         files = {layout.MODEL_LIBRARY_PATH: model_so.read_bytes(), layout.MODEL_SOURCE_PATH: source.encode(),
                  layout.KERNEL_IR_PATH: graph.dump().encode()}

@@ -9,6 +9,7 @@ Layout (under ``AOTPACK_CACHE_DIR``)::
         optimize_tiling                 "tiling_repr|workspace|block_dim" of the winner
         timings.json                    the candidates it was chosen among, with timings (us)
         ship/<source hash>/wrapper.so   the shipped wrapper: the winner's TilingInfo only
+        <binary>.sha256                 "sha256 size" of every binary, written with it
     <cache>/<backend>/binaries/<source + toolchain hash>/lib.so, source.cpp
 
 ``artifact_hash`` covers the kernel (``kernel_id``), the toolchain fingerprint
@@ -20,13 +21,18 @@ never linked: the dynamic loader treats two links of one file as one library, an
 wrapper holds its kernel's loaded state. A binary in a kernel folder is reused
 only if the source stored beside it equals the source generated now.
 Every file is written to a temp name and renamed, so a crash never leaves a
-half-written entry.
+half-written entry; temp names carry the writer's pid, and the next build removes those
+of killed writers (``aotpack.leftovers``). Every binary's sha256 and size are recorded
+when it is written and re-checked before it is loaded or shipped: a damaged one (a
+truncated, emptied or swapped file) is logged at WARNING, moved to ``quarantine/``
+beside it and rebuilt.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -34,7 +40,10 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from aotpack import leftovers
 from aotpack.errors import AotpackError
+
+log = logging.getLogger("aotpack")
 
 LOCK_TIMEOUT_S = 900
 
@@ -43,7 +52,7 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``path`` via a temp file in the same folder + rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{leftovers.tag()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
@@ -86,28 +95,108 @@ class BinaryStore:
         """
         stored = self.path(source)
         compiled = False
+        leftovers.remove_dead(stored.parent)
         if not is_current(stored, stored.with_name("source.cpp"), source):
             write_atomic(stored.with_name("source.cpp"), source)
             compile_fn(stored.with_name("source.cpp"), stored)
+            record(stored)
             compiled = True
         output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = output.with_name(f".{output.name}.{os.getpid()}.link")
+        tmp = output.with_name(f".{output.name}.{leftovers.tag()}.link")
         tmp.unlink(missing_ok=True)
         try:
             os.link(stored, tmp)
         except OSError:  # another file system: copy
             shutil.copyfile(stored, tmp)
         os.replace(tmp, output)
+        record(output)
         write_atomic(source_file, source)
         return compiled
 
 
-def is_current(binary: Path, source_file: Path, source: str) -> bool:
-    """``binary`` exists and was compiled from exactly ``source`` (stored in ``source_file``)."""
+def _file_digest(path: Path) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of a file, read in 1 MiB chunks."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def _record_path(binary: Path) -> Path:
+    return binary.with_name(binary.name + ".sha256")
+
+
+def record(binary: Path) -> None:
+    """Remember ``binary``'s sha256 and size (``<binary>.sha256``), right after writing it."""
+    sha, size = _file_digest(binary)
+    write_atomic(_record_path(binary), f"{sha} {size}\n")
+
+
+def damage(binary: Path) -> str | None:
+    """Why ``binary`` is not the file recorded for it (None: intact, or nothing recorded)."""
     try:
-        return binary.is_file() and source_file.read_text() == source
+        text = _record_path(binary).read_text().split()
+        want_sha, want_size = text[0], int(text[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        sha, size = _file_digest(binary)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if size != want_size:
+        return f"{size} bytes, {want_size} when it was written"
+    if sha != want_sha:
+        return "its sha256 differs from when it was written"
+    return None
+
+
+def quarantine(binary: Path, reason: str) -> None:
+    """Move a damaged cache file (and its record) aside into ``quarantine/`` beside it, and say so."""
+    target = binary.parent / "quarantine" / f"{binary.name}.{leftovers.tag()}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for path, dest in ((binary, target), (_record_path(binary), target.with_name(target.name + ".sha256"))):
+        try:
+            os.replace(path, dest)
+        except OSError:
+            Path(path).unlink(missing_ok=True)
+    log.warning("cache entry %s is damaged (%s): moved to %s and rebuilt", binary, reason, target)
+
+
+def is_current(binary: Path, source_file: Path, source: str) -> bool:
+    """``binary`` exists, matches its record and was compiled from exactly ``source``
+    (stored in ``source_file``). A damaged binary is quarantined (and so not current)."""
+    try:
+        if not binary.is_file() or source_file.read_text() != source:
+            return False
     except (OSError, UnicodeDecodeError):
         return False
+    if not _record_path(binary).is_file():  # written by an older aotpack: rebuild to record it
+        return False
+    reason = damage(binary)
+    if reason:
+        quarantine(binary, reason)
+        return False
+    return True
+
+
+def verified_bytes(binary: Path) -> bytes:
+    """The content of a cached binary, checked against its record (what gets shipped).
+
+    Raises:
+        AotpackError: the file changed since it was compiled in this build.
+    """
+    data = binary.read_bytes()
+    try:
+        want_sha, want_size = _record_path(binary).read_text().split()[:2]
+    except (OSError, ValueError):
+        raise AotpackError(f"cache entry {binary} has no integrity record; build again") from None
+    if len(data) != int(want_size) or hashlib.sha256(data).hexdigest() != want_sha:
+        quarantine(binary, "changed during the build")
+        raise AotpackError(f"cache entry {binary} changed during the build (another process writing "
+                           "the cache?); build again")
+    return data
 
 
 class KernelFolder:

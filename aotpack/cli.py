@@ -195,12 +195,27 @@ def _keygen(args) -> int:
     return 0
 
 
+def _stop_on_terminate() -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so temp files and partial archives are removed."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, interrupt)
+        except (ValueError, OSError):  # not the main thread
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``aotpack`` command; returns the exit status (0 ok, 1 user error,
     2 internal error, 130 interrupted)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")
+    _stop_on_terminate()
     handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify, "diff": _diff,
                 "sign": _sign, "keygen": _keygen}
     try:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotpack import cache
+from aotpack import cache, leftovers
 from aotpack.candidates import CandidateSet
 
 
@@ -52,15 +52,23 @@ def binary_store(backend, settings, toolchain) -> cache.BinaryStore:
 
 def _jobs(compiled: CompiledSet, toolchain) -> list:
     """(compile function, source file, source text, output, shared in the binary store) of
-    what the cache lacks."""
+    what the cache lacks.
+
+    Every candidate binary present is checked against its record, needed or not: the
+    wrapper loads each one it finds, and a damaged file must be quarantined first.
+    """
     cs = compiled.candidate_set
-    indices = [compiled.cached_choice[0]] if compiled.cached_choice else range(len(cs.candidates))
-    jobs = [(toolchain.compile_kernel, compiled.source_file(i), cs.sources[i], compiled.binary(i), True)
-            for i in indices]
+    needed = {compiled.cached_choice[0]} if compiled.cached_choice else set(range(len(cs.candidates)))
+    jobs = []
+    for i in range(len(cs.candidates)):
+        current = cache.is_current(compiled.binary(i), compiled.source_file(i), cs.sources[i])
+        if i in needed and not current:
+            jobs.append((toolchain.compile_kernel, compiled.source_file(i), cs.sources[i], compiled.binary(i), True))
     # the Python-mode run launches through the PGO wrapper, also on a cache hit
-    jobs.append((toolchain.compile_wrapper, compiled.folder.wrapper_source, cs.wrapper_source,
-                 compiled.folder.wrapper, False))
-    return [job for job in jobs if not cache.is_current(job[3], job[1], job[2])]
+    folder = compiled.folder
+    if not cache.is_current(folder.wrapper, folder.wrapper_source, cs.wrapper_source):
+        jobs.append((toolchain.compile_wrapper, folder.wrapper_source, cs.wrapper_source, folder.wrapper, False))
+    return jobs
 
 
 def run_parallel(jobs: list, store: cache.BinaryStore, threads: int) -> int:
@@ -72,14 +80,22 @@ def run_parallel(jobs: list, store: cache.BinaryStore, threads: int) -> int:
             return store.provide(source, output, source_file, compile_fn)
         # a wrapper holds per-process state (its loaded kernels): never share its file,
         # or dlopen would hand one kernel's wrapper to another
+        leftovers.remove_dead(output.parent)
         cache.write_atomic(source_file, source)
         compile_fn(source_file, output)
+        cache.record(output)
         return True
 
     if threads <= 1:
         return sum(run(job) for job in jobs)
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
         return sum(future.result() for future in [pool.submit(run, job) for job in jobs])
+    except BaseException:  # an error or Ctrl-C: start no further compiles
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFolder], toolchain,
@@ -95,6 +111,8 @@ def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFo
     compiled = {}
     for kid, cs in sets.items():
         folder = folders[kid]
+        for path in [folder.path, *(folder.static_kernel(c.kernel_key) for c in cs.candidates)]:
+            leftovers.remove_dead(path)  # temp files of killed builds
         choice = None if settings.retune else folder.read_choice(list(cs.candidates))
         compiled[kid] = CompiledSet(cs, folder, choice)
     jobs = [job for c in compiled.values() for job in _jobs(c, toolchain)]

@@ -20,7 +20,7 @@ from typing import Callable
 import zstandard
 
 from aotpack.errors import AotpackError
-from aotpack import layout
+from aotpack import layout, leftovers
 
 ZSTD_LEVEL = 19
 
@@ -133,7 +133,8 @@ def pack(manifest_text: bytes, files: dict[str, bytes], signature: bytes | None 
 def publish(target: Path, data: bytes, before_publish: Callable[[Path], None] | None = None) -> Path:
     """Write ``data`` to ``target`` atomically (temp file beside it, then rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    leftovers.remove_dead(target.parent, f".{target.name}.*.partial")  # of killed builds
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{leftovers.tag()}.", suffix=".partial")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

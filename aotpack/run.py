@@ -72,7 +72,7 @@ def write_npz(path: str | Path, model: Model, outputs: list[torch.Tensor]) -> No
     path = Path(path)
     arrays = {spec.name: (t.float() if t.dtype == torch.bfloat16 else t).numpy()
               for spec, t in zip(model.outputs, outputs)}
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.pid{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)

@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from aotpack import leftovers
 from aotpack.backends.base import Toolchain
 from aotpack.errors import AotpackError
 from aotpack.render import include_dir
@@ -95,7 +96,7 @@ def compile_so(cmd_prefix: list[str], source: Path, output: Path) -> None:
         AotpackError: the compiler failed or timed out; the message names the source
             file and carries the compiler's first error lines.
     """
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    tmp = output.with_name(f".{output.name}.{leftovers.tag()}.tmp")
     cmd = [*cmd_prefix, str(source), "-o", str(tmp)]
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
