@@ -79,9 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("b", metavar="B")
     d.add_argument("--json", action="store_true", help="print the differences as JSON")
 
-    i = sub.add_parser("inspect", help="print an archive's manifest summary")
+    i = sub.add_parser("inspect", help="print an archive's signature, kernel table (autotune) and extern calls")
     i.add_argument("archive")
-    i.add_argument("--json", action="store_true", help="print the whole manifest")
+    i.add_argument("--json", action="store_true",
+                   help="print the whole manifest as JSON, plus the derived tables under 'report'")
     i.add_argument("--ir", action="store_true", help="print the lowered graph and every fused kernel's IR")
     return parser
 
@@ -129,14 +130,21 @@ def _print_ir(archive: Path) -> int:
 
 
 def _inspect(args) -> int:
-    from aotpack.package import read_manifest, verify_files
+    from aotpack import layout, reader, report
+    from aotpack.package import read_manifest
 
-    manifest = read_manifest(Path(args.archive))
+    archive = Path(args.archive)
+    manifest = read_manifest(archive)
     if args.ir:
-        return _print_ir(Path(args.archive))
-    problems = verify_files(Path(args.archive))
+        return _print_ir(archive)
+    try:  # one pass: check every file, keep the kernel IR for the report
+        checked = reader.check(archive, keep=lambda name: name == layout.KERNEL_IR_PATH)
+        problems, kernel_ir = [], checked.members.get(layout.KERNEL_IR_PATH)
+    except AotpackError as exc:
+        problems, kernel_ir = [str(exc)], None
+    derived = report.build_report(manifest, kernel_ir.decode(errors="replace") if kernel_ir is not None else None)
     if args.json:
-        print(json.dumps(manifest, indent=2))
+        print(json.dumps({**manifest, "report": derived}, indent=2))
         return 1 if problems else 0
     print(f"{manifest['name']} {manifest['version']}  (format {manifest['format_version']}, "
           f"backend {manifest['backend']}, torch {manifest['torch_version']}, "
@@ -144,13 +152,8 @@ def _inspect(args) -> int:
     for kind in ("inputs", "outputs"):
         for t in manifest[kind]:
             print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{t['shape']}")
-    kernels = manifest.get("kernels")
-    if isinstance(kernels, list) and all(isinstance(k, dict) for k in kernels):
-        print(f"  {len(kernels)} fused kernels:")
-        for k in kernels:
-            timing = ", ".join(f"{t:.2f}" for t in k.get("timings_us") or []) or "not timed"
-            print(f"    {k.get('name')}: {k.get('tiling_repr')} (key {str(k.get('kernel_key'))[:12]}, "
-                  f"{k.get('candidates')} candidates, us: {timing}{'' if k.get('visited', True) else ', unvisited'})")
+    for line in report.text_lines(derived):
+        print(line)
     if problems:
         print(f"  files: {len(problems)} problem(s): " + "; ".join(problems))
         return 1

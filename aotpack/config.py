@@ -101,6 +101,15 @@ def default_cache_dir() -> Path:
     return Path(root) / "aotpack"
 
 
+#: The debug dir that ``AOTPACK_DEBUG=1`` selects (relative to the working folder).
+ENV_DEBUG_DIR = Path("aotpack_debug")
+
+
+def env_debug_dir() -> Path | None:
+    """``ENV_DEBUG_DIR`` when ``AOTPACK_DEBUG=1``, else None."""
+    return ENV_DEBUG_DIR if os.environ.get(ENV_DEBUG) == "1" else None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Build settings; every field has an environment variable and a CLI flag."""
@@ -129,7 +138,7 @@ class Settings:
         except ValueError:
             raise AotpackError(f"{ENV_COMPILE_THREADS} must be a positive integer, got {threads_raw!r}") from None
         cache = overrides.get("cache_dir") or env.get(ENV_CACHE_DIR) or default_cache_dir()
-        debug = overrides.get("debug_dir") or (Path("aotpack_debug") if env.get(ENV_DEBUG) == "1" else None)
+        debug = overrides.get("debug_dir") or env_debug_dir()
         return Settings(topn=topn, cache_dir=Path(cache), device_limit=limit,
                         compile_threads=threads, debug_dir=Path(debug) if debug else None,
                         target_isa=overrides.get("target_isa") or "native",

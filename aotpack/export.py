@@ -18,14 +18,16 @@ import logging
 import re
 import sys
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import _decomp
 
+from aotpack import export_errors
+from aotpack.config import env_debug_dir
 from aotpack.errors import AotpackError
+from aotpack.torch_output import captured_torch_output
 
 log = logging.getLogger("aotpack")
 
@@ -248,30 +250,30 @@ def decomposition_table() -> dict:
 
 @contextlib.contextmanager
 def _quiet_torch():
-    """Keep torch's own error logs and deprecation warnings off the user's screen: a
+    """Keep torch's logs, stderr dumps and warnings off the user's screen (dropped): a
     failure is reported once, as an AotpackError naming the model file."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        logger.setLevel(level)
+    with captured_torch_output():
+        yield
 
 
-def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
+def export_model(model_file: ModelFile, debug_dir: str | Path | None = None) -> torch.export.ExportedProgram:
     """torch.export (static shapes) + decompositions, on a copy of the user's module.
 
     ExportedProgram shares storage with the module it came from, so the
     export works on a deep copy: the user's module and tensors are never modified.
+    torch's own output (FX graph dumps, log lines, warnings) is captured, never printed;
+    when the export fails it goes to ``<debug_dir>/<model stem>/export.log``
+    (``debug_dir`` None: ``AOTPACK_DEBUG=1`` selects ``aotpack_debug``, else it is dropped).
 
     Raises:
-        AotpackError: export failed; names the model file and torch's reason.
+        AotpackError: export failed, or the program has data-dependent shapes; one line
+            (``export_errors.MAX_MESSAGE``) naming the model file, the failing frame in
+            user or library code, the cause and what to do.
     """
     path = model_file.path
+    debug_dir = Path(debug_dir) if debug_dir is not None else env_debug_dir()
     if model_file.exported is not None:  # a .pt2: already exported, decompose a copy
+        _check_static(path, model_file.exported)
         try:
             with _quiet_torch():
                 return copy.deepcopy(model_file.exported).run_decompositions(decomposition_table())
@@ -280,17 +282,25 @@ def export_model(model_file: ModelFile) -> torch.export.ExportedProgram:
                               f"{_first_line(exc)}") from exc
     module = copy.deepcopy(model_file.module).eval()
     inputs = tuple(t.clone() for t in model_file.example_inputs)
+    output = None
     try:
-        with torch.no_grad(), _quiet_torch():
+        with torch.no_grad(), captured_torch_output() as output:
             ep = torch.export.export(module, inputs, strict=False)
     except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _fail(path, f"torch.export failed{_user_frame(exc, path)}: {type(exc).__name__}: "
-                          f"{first_line}; make forward() exportable with static shapes "
-                          "(see https://pytorch.org/docs/stable/export.html)") from exc
+        log_file = export_errors.write_log(debug_dir, path, exc, output.text()) if debug_dir else None
+        raise AotpackError(export_errors.export_failure(path, exc, log_file)) from exc
+    _check_static(path, ep)
     try:
         with _quiet_torch():
             return ep.run_decompositions(decomposition_table())
     except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise _fail(path, f"decomposing the exported graph failed: {type(exc).__name__}: {first_line}") from exc
+        raise _fail(path, f"decomposing the exported graph failed: {type(exc).__name__}: "
+                          f"{_first_line(exc)}") from exc
+
+
+def _check_static(path: Path, ep: torch.export.ExportedProgram) -> None:
+    """Raises AotpackError (one line, see ``export_errors``) at the first data-dependent
+    shape or value in ``ep``: aotpack compiles static shapes only."""
+    node = export_errors.data_dependent_node(ep)
+    if node is not None:
+        raise AotpackError(export_errors.data_dependent_output(path, node))

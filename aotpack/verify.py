@@ -8,9 +8,10 @@ Each check prints one line:
 2. signature: checked against the trusted keys (``--trusted-key``/AOTPACK_TRUSTED_KEYS)
    when any are given, and then required;
 3. only with ``--run`` (this executes the archive's code): the native runtime loads it as
-   a deployment would (torch version, CPU features, model.so and every kernel) and, when
-   the archive was built with ``--selftest``, runs the stored inputs and compares its
-   outputs with the stored eager outputs (``aotpack.parity`` tolerances).
+   a deployment would (torch version, CPU features, model.so and every kernel), runs the
+   inputs stored by ``build --selftest`` and compares its outputs with the stored eager
+   outputs (``aotpack.parity`` tolerances); an archive without a self-test fails ``--run``
+   (there is nothing to compare), and is only noted without it.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
     }
 
 
+NO_SELFTEST_NOTE = "self-test: none stored (build with --selftest to include one)"
+NO_SELFTEST_ERROR = ("self-test: none stored, so --run has nothing to compare the native outputs with; "
+                     "rebuild with `aotpack build --selftest`")
 NOT_RUN = ("load: not run, no archive code was executed (pass --run to load it natively "
            "and rerun its self-test)")
 
@@ -50,7 +54,9 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
             given, the archive must be signed by one of them.
 
     Raises:
-        AotpackError: the first failed check, with the lines of the passed ones before it.
+        AotpackError: the first failed check, with the lines of the passed ones before it;
+            with ``run``, also an archive without a stored self-test (built without
+            ``--selftest``). Without ``run`` a missing self-test is only noted.
     """
     archive = Path(archive)
     keys = reader.trusted_keys_from_env() if trusted_keys is None else list(trusted_keys)
@@ -65,6 +71,8 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
         lines.append("signature: " + ("present, not checked (no trusted keys given)" if report.signature
                                       else "none (unsigned archive)"))
     if not run:
+        if "selftest" not in manifest:
+            lines.append(NO_SELFTEST_NOTE)
         lines.append(NOT_RUN)
         return lines
     env = dict(os.environ, AOTPACK_TRUSTED_KEYS=":".join(keys))
@@ -74,8 +82,7 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
         raise AotpackError("\n".join(lines + [check.stderr.strip().removeprefix("aotpack-run: error: ")]))
     lines.append(f"load: {check.stdout.strip()}")
     if "selftest" not in manifest:
-        lines.append("self-test: none stored (build with --selftest to include one)")
-        return lines
+        raise AotpackError("\n".join(lines + [NO_SELFTEST_ERROR]))
     members = report.members
     if SELFTEST_INPUTS not in members or SELFTEST_OUTPUTS not in members:
         raise AotpackError("\n".join(lines + ["self-test: the manifest names one but its files are missing"]))

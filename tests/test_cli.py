@@ -151,10 +151,66 @@ def test_verify_does_not_run_archive_code_without_run(build_model):
         "load: not run, no archive code was executed (pass --run to load it natively and rerun its self-test)")
 
 
-def test_verify_without_selftest_says_so(build_model):
+def test_verify_run_without_selftest_fails_naming_selftest(build_model):
     result = aotpack("verify", build_model(MODELS / "dict_outputs.py").archive, "--run")
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("aotpack: error: files: ")
+    assert lines[2].startswith("load: ok: dict_outputs 0.1.0")
+    assert lines[3:] == ["self-test: none stored, so --run has nothing to compare the native outputs with; "
+                         "rebuild with `aotpack build --selftest`"]
+    assert result.stdout == ""
+
+
+def test_verify_without_run_notes_a_missing_selftest(build_model):
+    result = aotpack("verify", build_model(MODELS / "dict_outputs.py").archive)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "self-test: none stored (build with --selftest to include one)"
+    assert result.stdout.splitlines()[-2:] == [
+        "self-test: none stored (build with --selftest to include one)",
+        "load: not run, no archive code was executed (pass --run to load it natively and rerun its self-test)"]
+
+
+def test_verify_without_run_does_not_mention_a_stored_selftest(build_model):
+    result = aotpack("verify", build_model(MODELS / "dict_outputs.py", selftest=True).archive)
+    assert not any(line.startswith("self-test") for line in result.stdout.splitlines())
+
+
+def test_inspect_tables_kernels_and_extern_calls(build_model):
+    from aotpack import report
+    archive = build_model(MODELS / "branchy.py", topn=2).archive
+    manifest = read_manifest(archive)
+    result = aotpack("inspect", archive)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("  5 fused kernel launches of 5 distinct kernels:")
+    assert lines[start + 1].split() == list(report.KERNEL_COLUMNS)
+    rows = [line.split() for line in lines[start + 2:start + 7]]
+    for row, kernel in zip(rows, manifest["kernels"], strict=True):
+        timed = kernel["visited"]
+        assert row[:5] == [kernel["name"], kernel["kernel_id"][:12], str(kernel["block_dim"]),
+                           kernel["tiling_repr"], "2"]
+        if timed:
+            assert [float(row[5]), float(row[6])] == [round(min(kernel["timings_us"]), 2),
+                                                      round(max(kernel["timings_us"]), 2)]
+        assert row[5:] == (row[5:7] + ["yes"] if timed else ["-", "-", "no"])
+    assert [r[-1] for r in rows].count("no") == 2  # the branch the example inputs skip
+    assert lines[start + 7:start + 10] == ["  1 extern call of 1 ATen op (not fused):",
+                                           "    op               count", "    aten.mm.default  1"]
+
+
+def test_inspect_json_keeps_the_manifest_and_adds_the_report(build_model):
+    import json
+    archive = build_model(MODELS / "branchy.py", topn=2).archive
+    result = aotpack("inspect", "--json", archive)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    manifest = read_manifest(archive)
+    assert {k: v for k, v in data.items() if k != "report"} == manifest
+    derived = data["report"]
+    assert (derived["launch_sites"], derived["distinct_kernels"]) == (5, 5)
+    assert derived["extern_calls"] == [{"op": "aten.mm.default", "count": 1}]
+    assert [k["kernel"] for k in derived["kernels"]] == [k["name"] for k in manifest["kernels"]]
+    assert derived["kernels"][0]["best_us"] == min(manifest["kernels"][0]["timings_us"])
 
 
 def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):
