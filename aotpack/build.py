@@ -117,20 +117,24 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
 
 
 def _check_output_dir(out_dir: Path) -> None:
-    """Fail before any compile when the archive could not be written into ``out_dir``.
+    """Fail before any compile when the archive could not be written into ``out_dir``
+    (which is created only when the archive is written).
 
     Raises:
-        AotpackError: it is not a folder, cannot be created, or is not writable.
+        AotpackError: it is a file, or it (or the folder it would be created in) is not writable.
     """
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise AotpackError(f"output folder {out_dir} is a file, not a folder; choose another with -o") from None
-    except OSError as exc:
-        raise AotpackError(f"cannot create output folder {out_dir}: {exc.strerror or exc}; choose another "
-                           "with -o") from None
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise AotpackError(f"output folder {out_dir} is not writable; choose another with -o")
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise AotpackError(f"output folder {out_dir} is a file, not a folder; choose another with -o")
+        if not os.access(out_dir, os.W_OK | os.X_OK):
+            raise AotpackError(f"output folder {out_dir} is not writable; choose another with -o")
+        return
+    parent = next(p for p in out_dir.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise AotpackError(f"cannot create output folder {out_dir}: {parent} is a file; choose another with -o")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise AotpackError(f"cannot create output folder {out_dir}: {parent} is not writable; choose "
+                           "another with -o")
 
 
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
@@ -168,7 +172,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     if sign_key is not None:
         signing.sign_bytes(b"", sign_key)  # an unusable key fails now, not after the compile
 
-    ep = export_model(model_file)
+    ep = export_model(model_file, settings.debug_dir)
     seconds["export"] = time.perf_counter() - start
     try:
         graph = lower(ep, backend.dtypes)

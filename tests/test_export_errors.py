@@ -78,7 +78,6 @@ def test_aotpack_debug_env_keeps_the_log_in_aotpack_debug(tmp_path):
     assert "def forward" in (tmp_path / "aotpack_debug" / "value_branch" / "export.log").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="build() must pass settings.debug_dir to export_model (build.py)")
 def test_debug_dir_flag_keeps_the_log(tmp_path):
     result = _cli_build(MODELS / "value_branch.py", tmp_path, "--debug-dir", tmp_path / "dbg")
     assert result.stderr.endswith(f"; torch's log: {tmp_path / 'dbg' / 'value_branch' / 'export.log'}\n")
