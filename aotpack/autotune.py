@@ -24,6 +24,8 @@ from aotpack.errors import AotpackError
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 
 log = logging.getLogger("aotpack")
+#: Per-candidate timing lines (``aotpack -v`` shows them on the command line).
+detail = logging.getLogger("aotpack.autotune")
 
 WARMUP_LAUNCHES = 3
 ROUNDS = 15
@@ -125,6 +127,8 @@ class PythonModeRun:
         self.samples: dict[str, list] = {}
         self.winners: dict[str, int] = {kid: c.cached_choice[0] for kid, c in compiled.items() if c.cached_choice}
         self.timings: dict[str, tuple] = {}
+        self.on_tuned = None
+        self.to_tune = 0
 
     def run(self, inputs: tuple) -> list[torch.Tensor]:
         """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
@@ -172,6 +176,8 @@ class PythonModeRun:
         if kid not in self.winners and len(candidates) > 1:
             keys = [c.kernel_key for c in candidates]
             self.samples.setdefault(kid, []).append(_time_candidates(launcher, keys, args))
+            if self.on_tuned and len(self.samples[kid]) == 1:
+                self.on_tuned(len(self.samples), self.to_tune)
             launcher.launch(keys[0], args)
             return
         launcher.launch(candidates[self.winners.get(kid, 0)].kernel_key, args)
@@ -184,7 +190,7 @@ class PythonModeRun:
             timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(cs.candidates))]
             spreads = [max(s[1][i] for s in samples) for i in range(len(cs.candidates))]
             for index, (candidate, us) in enumerate(zip(cs.candidates, timings)):
-                log.info("%s candidate %d (%s): Timing %.2f us", name, index, candidate.tiling_repr, us)
+                detail.info("%s candidate %d (%s): Timing %.2f us", name, index, candidate.tiling_repr, us)
             best = min(range(len(timings)), key=timings.__getitem__)
             c.folder.write_choice(list(cs.candidates), best, timings)
             self.winners[kid] = best
@@ -199,17 +205,21 @@ class PythonModeRun:
 
 
 def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple],
-         backend) -> tuple[dict[str, Choice], list[torch.Tensor]]:
+         backend, on_tuned=None) -> tuple[dict[str, Choice], list[torch.Tensor]]:
     """Run ``graph`` on every input set and autotune its kernels.
 
     Args:
         compiled: ``kernel_id -> CompiledSet`` (the kernels' compile.locks held).
         input_sets: the example inputs first, then calibration sets (same shapes).
+        on_tuned: called as ``(kernels timed so far, kernels to time)`` during the first set.
 
     Returns:
         (``kernel_id -> Choice``, outputs of the example inputs with every winner).
     """
     runner = PythonModeRun(graph, compiled, backend)
+    runner.on_tuned = on_tuned
+    runner.to_tune = sum(1 for kid, c in compiled.items()
+                         if not c.cached_choice and len(c.candidate_set.candidates) > 1)
     outputs = runner.run(input_sets[0])
     for inputs in input_sets[1:]:
         runner.run(inputs)

@@ -22,11 +22,12 @@ from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import leftovers, parity, runtime, signing, verify
+from aotpack import leftovers, parity, replay, runtime, signing, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
 from aotpack.lowering import lower
+from aotpack.progress import BuildProgress
 
 log = logging.getLogger("aotpack")
 
@@ -137,10 +138,24 @@ def _check_output_dir(out_dir: Path) -> None:
                            "another with -o")
 
 
+def _check_coverage(settings, model_file, sets: dict, choices: dict) -> None:
+    """``--require-coverage``: every kernel must be reached by the example or calibration inputs.
+
+    Raises:
+        AotpackError: naming every kernel left unvisited.
+    """
+    unvisited = [cs.kernel.name for kid, cs in sets.items() if not choices[kid].visited]
+    if settings.require_coverage and unvisited:
+        raise AotpackError(f"{model_file.path}: --require-coverage: {len(unvisited)} kernel(s) not reached by the "
+                           f"example and calibration inputs: {', '.join(unvisited)}; add calibration_inputs() "
+                           "that take those paths (e.g. both torch.cond branches), or drop --require-coverage")
+
+
 def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None = None,
           version: str | None = None, settings: Settings | None = None,
           allow_mismatch: bool = False, selftest: bool = False,
-          inputs_path: str | Path | None = None, sign_key: str | Path | None = None) -> BuildResult:
+          inputs_path: str | Path | None = None, sign_key: str | Path | None = None,
+          progress: BuildProgress | None = None) -> BuildResult:
     """Build ``<out_dir>/<name>-<version>.aotpack`` from a model file, or from a ``.pt2``
     exported program with ``inputs_path`` (a torch.save'd tuple of example inputs, or a
     list of tuples: example set, then calibration sets). ``sign_key``: an Ed25519 private
@@ -157,7 +172,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
             (unless ``allow_mismatch``); nothing is left in ``out_dir``.
     """
     settings = settings or Settings.from_env()
-    seconds: dict[str, float] = {}
+    progress = progress or BuildProgress()
     start = time.perf_counter()
     model_file = load_model(model_path, inputs_path)
     name = name or model_file.path.stem
@@ -171,33 +186,37 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     backend = backends.get(settings.backend)
     if sign_key is not None:
         signing.sign_bytes(b"", sign_key)  # an unusable key fails now, not after the compile
+    replayed = replay.recorded_winners(settings.tuning_from) if settings.tuning_from else None
 
-    ep = export_model(model_file, settings.debug_dir)
-    seconds["export"] = time.perf_counter() - start
-    try:
-        graph = lower(ep, backend.dtypes)
-    except AotpackError as exc:
-        raise AotpackError(f"{model_file.path}: {exc}") from None
-    seconds["lower"] = time.perf_counter() - start - seconds["export"]
-    log.info("lowered %s: %d fused kernel launches, %d steps", name, len(graph.kernels), len(graph.steps))
+    with progress.phase("export", f"exporting {model_file.path.name} (torch.export)"):
+        ep = export_model(model_file, settings.debug_dir)
+    with progress.phase("lower", "lowering and fusing"):
+        try:
+            graph = lower(ep, backend.dtypes)
+        except AotpackError as exc:
+            raise AotpackError(f"{model_file.path}: {exc}") from None
+    log.info("lowered %s: %d fused kernel launches of %d distinct kernels, %d extern calls", name,
+             len(graph.kernels), len(graph.distinct_kernels()), len(graph.extern_calls()))
 
     toolchain = backend.toolchain(settings)
     target = backend.target(settings)
-    sets = candidates.prepare(graph, backend, settings)
+    sets = candidates.prepare(graph, backend, settings, replayed)
     folders = compile_stage.kernel_folders(sets, backend, settings, toolchain)
     store = compile_stage.binary_store(backend, settings, toolchain)
-    tic = time.perf_counter()
     with cache.locked([f.path for f in folders.values()]):
-        compiled, compiled_count = compile_stage.compile_all(sets, folders, toolchain, store, settings)
-        seconds["compile_kernels"] = time.perf_counter() - tic
-        tic = time.perf_counter()
-        choices, outputs = autotune.tune(graph, compiled, [model_file.example_inputs,
-                                                           *model_file.calibration_inputs], backend)
-        seconds["autotune"] = time.perf_counter() - tic
-        tic = time.perf_counter()
-        shipped = compile_stage.ship_wrappers(compiled, {k: c.index for k, c in choices.items()}, backend,
-                                              toolchain, store, settings)
-        seconds["compile_shipped_wrappers"] = time.perf_counter() - tic
+        with progress.phase("compile_kernels", "compiling candidates"):
+            compiled, compiled_count = compile_stage.compile_all(
+                sets, folders, toolchain, store, settings,
+                on_done=lambda done, total: progress.count(done, total, "candidates compiled"))
+        with progress.phase("autotune", "autotuning on the real inputs (PGO)"):
+            choices, outputs = autotune.tune(
+                graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
+                on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"))
+        _check_coverage(settings, model_file, sets, choices)
+        with progress.phase("compile_shipped_wrappers", "compiling the shipped wrappers"):
+            shipped = compile_stage.ship_wrappers(compiled, {k: c.index for k, c in choices.items()}, backend,
+                                                  toolchain, store, settings)
+    seconds = progress.seconds
     reference, output_names = _eager_reference(model_file)
     check = parity.compare(outputs, reference)
     log.info("compiled graph vs eager PyTorch: max abs error %.3g", check.max_abs_error)
@@ -212,11 +231,11 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
             "device_limit": settings.device_limit}
     source = codegen.generate(graph, backend, sets, choices, meta)
-    with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work:
-        model_so, seconds["compile_model_so"] = backend.compile_model(source, Path(work), settings)
+    with progress.phase("compile_model_so", f"compiling {layout.MODEL_LIBRARY_PATH}"), \
+            tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work:
+        model_so, _ = backend.compile_model(source, Path(work), settings)
         files = {layout.MODEL_LIBRARY_PATH: model_so.read_bytes(), layout.MODEL_SOURCE_PATH: source.encode(),
                  layout.KERNEL_IR_PATH: graph.dump().encode()}
-    log.info("compiled %s in %.2f s", layout.MODEL_LIBRARY_PATH, seconds["compile_model_so"])
     constants = {b.name: graph.constant_tensors[b.name] for b in graph.constants}
     files[layout.WEIGHTS_PATH] = safetensors.torch.save(constants) if constants else safetensors.torch.save({})
     files.update(_kernel_files(compiled, choices, shipped))
@@ -225,13 +244,15 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     manifest = package.manifest(
         name=name, version=version, backend=backend, target=target, settings=settings, graph=graph,
         output_names=output_names, kernels=package.kernel_entries(sets, choices))
+    if replayed is not None:
+        manifest["tuning_from"] = {"archive": Path(settings.tuning_from).name,
+                                   "replayed": sum(1 for kid in sets if kid in replayed)}
     if selftest:
         manifest["selftest"] = {"inputs": layout.SELFTEST_INPUTS_PATH, "outputs": layout.SELFTEST_OUTPUTS_PATH,
                                 "atol": parity.ATOL, "rtol": parity.RTOL}
-    tic = time.perf_counter()
-    package.write_archive(archive, manifest, files, sign_key=sign_key,
-                          before_publish=lambda archive: _native_check(archive, model_file, reference))
-    seconds["package_and_native_check"] = time.perf_counter() - tic
+    with progress.phase("package_and_native_check", "writing the archive and running it natively"):
+        package.write_archive(archive, manifest, files, sign_key=sign_key,
+                              before_publish=lambda archive: _native_check(archive, model_file, reference))
     if settings.debug_dir:
         _dump_debug(settings.debug_dir, name, graph, sets, source)
     seconds["total"] = time.perf_counter() - start

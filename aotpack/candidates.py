@@ -7,9 +7,14 @@ layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+from aotpack import replay
+from aotpack.config import MAX_TOPN
 from aotpack.kernel_ir import FusedKernel
+
+log = logging.getLogger("aotpack")
 
 
 @dataclass(frozen=True)
@@ -31,14 +36,26 @@ class CandidateSet:
         return self.kernel.kernel_id
 
 
-def prepare(graph, backend, settings) -> dict[str, CandidateSet]:
-    """``kernel_id -> CandidateSet`` for every distinct kernel of ``graph``, in first-use order."""
+def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str, CandidateSet]:
+    """``kernel_id -> CandidateSet`` for every distinct kernel of ``graph``, in first-use order.
+
+    ``replayed`` (``replay.recorded_winners``): a kernel recorded there gets the recorded
+    winner as its only candidate, when the solver still offers it.
+    """
     limits = backend.limits(settings)
     sets: dict[str, CandidateSet] = {}
+    replayed = replayed or {}
     for kernel in graph.kernels:
         if kernel.kernel_id in sets:
             continue
         candidates = tuple(backend.solve(kernel, limits, settings.topn)[:settings.topn])
+        if kernel.kernel_id in replayed:
+            winner = replay.pick(backend.solve(kernel, limits, MAX_TOPN), replayed[kernel.kernel_id])
+            if winner is not None:
+                candidates = (winner,)
+            else:
+                log.warning("%s: the recorded winner %s is not a candidate any more; tuning it again",
+                            kernel.name, replayed[kernel.kernel_id].tiling_repr)
         sources = tuple(backend.render_kernel(kernel, c) for c in candidates)
         sets[kernel.kernel_id] = CandidateSet(kernel, candidates, sources, backend.render_wrapper(list(candidates)))
     return sets

@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aotpack", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also every candidate's timing during autotune")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -49,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--selftest", action="store_true",
                    help="store example inputs and eager outputs so `aotpack verify` can re-check them")
     b.add_argument("--sign", metavar="KEY.pem", help="sign the archive with this Ed25519 private key")
+    b.add_argument("--tuning-from", metavar="OLD.aotpack",
+                   help="replay the winners recorded in an earlier archive of this model (no profiling)")
+    b.add_argument("--require-coverage", action="store_true",
+                   help="fail if a kernel is not reached by the example and calibration inputs")
 
     r = sub.add_parser("run", help="run an archive with the native runtime, in-process (aotpack.load)")
     r.add_argument("archive")
@@ -92,15 +98,17 @@ def _build(args) -> int:
 
     settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, target_isa=args.target_isa,
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
-                                 retune=args.retune or None, backend=args.backend)
+                                 retune=args.retune or None, backend=args.backend,
+                                 tuning_from=args.tuning_from, require_coverage=args.require_coverage)
+    from aotpack.progress import BuildProgress, summary
+
     result = build(args.model, args.output_dir, args.name, args.version, settings,
                    allow_mismatch=args.allow_mismatch, selftest=args.selftest,
-                   inputs_path=args.inputs_path, sign_key=args.sign)
-    if args.quiet:
-        print(result.archive)
-        return 0
-    times = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
-    print(f"{result.archive}  ({times})")
+                   inputs_path=args.inputs_path, sign_key=args.sign, progress=BuildProgress(live=not args.quiet))
+    if not args.quiet:
+        print("phase times:")
+        print("\n".join(summary(result.seconds)))
+    print(result.archive)
     return 0
 
 
@@ -218,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")
+    if not getattr(args, "verbose", False):
+        logging.getLogger("aotpack.autotune").setLevel(logging.WARNING)
     _stop_on_terminate()
     handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify, "diff": _diff,
                 "sign": _sign, "keygen": _keygen}

@@ -71,9 +71,19 @@ def _jobs(compiled: CompiledSet, toolchain) -> list:
     return jobs
 
 
-def run_parallel(jobs: list, store: cache.BinaryStore, threads: int) -> int:
+def run_parallel(jobs: list, store: cache.BinaryStore, threads: int, on_done=None) -> int:
     """Provide every job's binary, compiling in up to ``threads`` processes; returns the
-    number of compiler runs. The first error is raised."""
+    number of compiler runs. The first error is raised. ``on_done(done, total)`` is called
+    as jobs finish."""
+    done = 0
+
+    def finished(ran: bool) -> bool:
+        nonlocal done
+        done += 1
+        if on_done:
+            on_done(done, len(jobs))
+        return ran
+
     def run(job) -> bool:
         compile_fn, source_file, source, output, shared = job
         if shared:
@@ -86,11 +96,13 @@ def run_parallel(jobs: list, store: cache.BinaryStore, threads: int) -> int:
         cache.record(output)
         return True
 
+    if on_done:
+        on_done(0, len(jobs))
     if threads <= 1:
-        return sum(run(job) for job in jobs)
+        return sum(finished(run(job)) for job in jobs)
     pool = ThreadPoolExecutor(max_workers=threads)
     try:
-        return sum(future.result() for future in [pool.submit(run, job) for job in jobs])
+        return sum(finished(future.result()) for future in [pool.submit(run, job) for job in jobs])
     except BaseException:  # an error or Ctrl-C: start no further compiles
         pool.shutdown(wait=True, cancel_futures=True)
         raise
@@ -99,7 +111,7 @@ def run_parallel(jobs: list, store: cache.BinaryStore, threads: int) -> int:
 
 
 def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFolder], toolchain,
-                store: cache.BinaryStore, settings) -> tuple[dict[str, CompiledSet], int]:
+                store: cache.BinaryStore, settings, on_done=None) -> tuple[dict[str, CompiledSet], int]:
     """Compile what the cache lacks; returns (``kernel_id -> CompiledSet``, compile count).
 
     Call with the kernels' ``compile.lock``s held (``cache.locked``). ``settings.retune``
@@ -116,7 +128,7 @@ def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFo
         choice = None if settings.retune else folder.read_choice(list(cs.candidates))
         compiled[kid] = CompiledSet(cs, folder, choice)
     jobs = [job for c in compiled.values() for job in _jobs(c, toolchain)]
-    return compiled, run_parallel(jobs, store, settings.compile_threads)
+    return compiled, run_parallel(jobs, store, settings.compile_threads, on_done)
 
 
 def ship_wrappers(compiled: dict[str, CompiledSet], winners: dict[str, int], backend, toolchain,
@@ -133,7 +145,13 @@ def ship_wrappers(compiled: dict[str, CompiledSet], winners: dict[str, int], bac
         output = c.folder.shipped_wrapper(source)
         source_file = output.with_name("wrapper.cpp")
         shipped[kid] = (output, source)
-        if not cache.is_current(output, source_file, source):
-            jobs.append((toolchain.compile_wrapper, source_file, source, output, False))
+        if cache.is_current(output, source_file, source):
+            continue
+        if source == c.candidate_set.wrapper_source:  # one candidate: the PGO wrapper is the one
+            cache.write_atomic(output, cache.verified_bytes(c.folder.wrapper))
+            cache.record(output)
+            cache.write_atomic(source_file, source)
+            continue
+        jobs.append((toolchain.compile_wrapper, source_file, source, output, False))
     run_parallel(jobs, store, settings.compile_threads)
     return shipped

@@ -121,6 +121,8 @@ class Settings:
     debug_dir: Path | None = None
     target_isa: str = "native"
     retune: bool = False
+    tuning_from: Path | None = None  # an archive whose recorded winners are replayed
+    require_coverage: bool = False  # every kernel must be reached by the real inputs
     backend: str = DEFAULT_BACKEND
 
     @staticmethod
@@ -143,4 +145,6 @@ class Settings:
                         compile_threads=threads, debug_dir=Path(debug) if debug else None,
                         target_isa=overrides.get("target_isa") or "native",
                         retune=bool(overrides.get("retune")) or env.get(ENV_RETUNE) == "1",
+                        tuning_from=Path(overrides["tuning_from"]) if overrides.get("tuning_from") else None,
+                        require_coverage=bool(overrides.get("require_coverage")),
                         backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, DEFAULT_BACKEND)))

@@ -320,6 +320,10 @@ class Graph:
             found.setdefault(kernel.kernel_id, kernel)
         return list(found.values())
 
+    def extern_calls(self) -> list:
+        """Every ``ExternCall`` step, torch.cond branches included, in order."""
+        return [step for step in _walk_steps(self.steps) if isinstance(step, ExternCall)]
+
     def dump(self) -> str:
         """The program as text: its steps in order, then each distinct kernel's IR."""
         lines = [f"graph: {len(self.inputs)} inputs, {len(self.constants)} constants, "
@@ -328,6 +332,14 @@ class Graph:
         for kernel in self.distinct_kernels():
             lines += ["", f"# kernel_id {kernel.kernel_id}", str(kernel)]
         return "\n".join(lines) + "\n"
+
+
+def _walk_steps(steps: list):
+    for step in steps:
+        yield step
+        if isinstance(step, CondStep):
+            yield from _walk_steps(step.true_steps)
+            yield from _walk_steps(step.false_steps)
 
 
 def _dump_steps(steps: list, indent: str) -> list[str]:

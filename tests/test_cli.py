@@ -1,4 +1,5 @@
 """The aotpack command as a user meets it: inspect, run, messages."""
+import os
 import re
 import subprocess
 import sys
@@ -235,3 +236,23 @@ def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "self-test failed: output 0: 1 elements off, max abs error 1 (tolerance 0.0001 + 0.0001*|eager|)")
+
+
+def test_build_reports_its_phases_and_their_times(tmp_path):
+    result = aotpack("build", MODELS / "small_cnn.py", "-o", tmp_path, "--topn", "2",
+                     env=dict(os.environ, AOTPACK_CACHE_DIR=str(tmp_path / "cache")))
+    assert result.returncode == 0, result.stderr
+    for line in ["aotpack: exporting small_cnn.py (torch.export) ...", "aotpack: compiling candidates ...",
+                 "aotpack: autotuning on the real inputs (PGO) ...",
+                 "aotpack: writing the archive and running it natively ..."]:
+        assert line in result.stderr.splitlines()
+    assert "fused kernel launches of" in result.stderr and "extern calls" in result.stderr
+    assert "Timing" not in result.stderr  # per-candidate lines only with -v
+    out = result.stdout.splitlines()
+    assert out[0] == "phase times:" and out[-1] == str(tmp_path / "small_cnn-0.1.0.aotpack")
+    phases = [line.split()[0] for line in out[1:-1]]
+    assert phases == ["export", "lower", "compile_kernels", "autotune", "compile_shipped_wrappers",
+                      "compile_model_so", "package_and_native_check", "total"]
+    verbose = aotpack("-v", "build", MODELS / "small_cnn.py", "-o", tmp_path / "v", "--topn", "2", "--retune",
+                      env=dict(os.environ, AOTPACK_CACHE_DIR=str(tmp_path / "cache")))
+    assert "Timing" in verbose.stderr
