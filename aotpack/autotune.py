@@ -48,8 +48,13 @@ class Choice:
     cached: bool
 
 
-def _time_candidates(launcher, keys: list[str], args) -> tuple[list[float], list[float]]:
-    """(median us per launch, max/median spread) of each candidate, rounds interleaved."""
+def time_candidates(launcher, keys: list[str], args) -> tuple[list[float], list[float]]:
+    """(median us per launch, max/median spread) of each candidate, rounds interleaved.
+
+    Args:
+        launcher: a backend ``Launcher`` with every candidate loaded.
+        keys: the candidates' kernel_keys. args: ``launcher.arguments(tensors)``.
+    """
     launches = {}
     for key in keys:
         start = time.perf_counter_ns()
@@ -128,6 +133,7 @@ class PythonModeRun:
         self.winners: dict[str, int] = {kid: c.cached_choice[0] for kid, c in compiled.items() if c.cached_choice}
         self.timings: dict[str, tuple] = {}
         self.on_tuned = None
+        self.captured = None
         self.to_tune = 0
 
     def run(self, inputs: tuple) -> list[torch.Tensor]:
@@ -172,10 +178,12 @@ class PythonModeRun:
         kid = kernel.kernel_id
         launcher = self._launcher(kid)
         candidates = self.compiled[kid].candidate_set.candidates
+        if self.captured is not None and kid not in self.captured:
+            self.captured[kid] = [t.clone() for t in tensors]
         args = launcher.arguments(tensors)
         if kid not in self.winners and len(candidates) > 1:
             keys = [c.kernel_key for c in candidates]
-            self.samples.setdefault(kid, []).append(_time_candidates(launcher, keys, args))
+            self.samples.setdefault(kid, []).append(time_candidates(launcher, keys, args))
             if self.on_tuned and len(self.samples[kid]) == 1:
                 self.on_tuned(len(self.samples), self.to_tune)
             launcher.launch(keys[0], args)
@@ -205,19 +213,22 @@ class PythonModeRun:
 
 
 def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple],
-         backend, on_tuned=None) -> tuple[dict[str, Choice], list[torch.Tensor]]:
+         backend, on_tuned=None, captured: dict | None = None) -> tuple[dict[str, Choice], list[torch.Tensor]]:
     """Run ``graph`` on every input set and autotune its kernels.
 
     Args:
         compiled: ``kernel_id -> CompiledSet`` (the kernels' compile.locks held).
         input_sets: the example inputs first, then calibration sets (same shapes).
         on_tuned: called as ``(kernels timed so far, kernels to time)`` during the first set.
+        captured: if given, filled with ``kernel_id -> tensors`` (copies of each kernel's
+            inputs and outputs at its first launch), for ``--debug-dir``'s benchmark.py.
 
     Returns:
         (``kernel_id -> Choice``, outputs of the example inputs with every winner).
     """
     runner = PythonModeRun(graph, compiled, backend)
     runner.on_tuned = on_tuned
+    runner.captured = captured
     runner.to_tune = sum(1 for kid, c in compiled.items()
                          if not c.cached_choice and len(c.candidate_set.candidates) > 1)
     outputs = runner.run(input_sets[0])

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import leftovers, parity, replay, runtime, signing, verify
+from aotpack import debug_artifacts, leftovers, parity, replay, runtime, signing, verify
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
@@ -78,19 +78,6 @@ def _kernel_files(compiled: dict, choices: dict, shipped: dict) -> dict[str, byt
         files[layout.wrapper_source_path(name)] = wrapper_source.encode()
         files[layout.optimize_tiling_path(name)] = (winner.optimize_tiling + "\n").encode()
     return files
-
-
-def _dump_debug(debug_dir: Path, name: str, graph, sets: dict, model_source: str) -> None:
-    """Write every generated source (all candidates, wrappers, model.cpp) and the IR."""
-    root = Path(debug_dir) / name
-    for cs in sets.values():
-        folder = root / "kernels" / cs.kernel.name
-        for candidate, source in zip(cs.candidates, cs.sources):
-            cache.write_atomic(folder / "static_kernel" / candidate.kernel_key / "kernel.cpp", source)
-        cache.write_atomic(folder / "wrapper.cpp", cs.wrapper_source)
-    cache.write_atomic(root / "model.cpp", model_source)
-    cache.write_atomic(root / "kernels.ir", graph.dump())
-    log.info("generated sources and kernel IR written to %s", root)
 
 
 def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> None:
@@ -209,9 +196,10 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                 sets, folders, toolchain, store, settings,
                 on_done=lambda done, total: progress.count(done, total, "candidates compiled"))
         with progress.phase("autotune", "autotuning on the real inputs (PGO)"):
+            captured = {} if settings.debug_dir else None
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
-                on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"))
+                on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured)
         _check_coverage(settings, model_file, sets, choices)
         with progress.phase("compile_shipped_wrappers", "compiling the shipped wrappers"):
             shipped = compile_stage.ship_wrappers(compiled, {k: c.index for k, c in choices.items()}, backend,
@@ -254,7 +242,9 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         package.write_archive(archive, manifest, files, sign_key=sign_key,
                               before_publish=lambda archive: _native_check(archive, model_file, reference))
     if settings.debug_dir:
-        _dump_debug(settings.debug_dir, name, graph, sets, source)
+        folder = debug_artifacts.write(settings.debug_dir, name, graph, compiled, toolchain, backend.name,
+                                       captured, source)
+        log.info("sources, compile scripts, kernel inputs and benchmark.py per kernel written to %s", folder)
     seconds["total"] = time.perf_counter() - start
     log.info("wrote %s (%d distinct kernels at %d launch sites, %d compiled, %.1f s)", archive, len(sets),
              len(graph.kernels), compiled_count, seconds["total"])

@@ -43,6 +43,10 @@ def _damage(kind: str, folder: Path, so: Path) -> None:
     elif kind == "truncated wrapper.so":
         wrapper = folder / "wrapper.so"
         wrapper.write_bytes(wrapper.read_bytes()[:2000])
+    elif kind == "empty wrapper.so":
+        os.truncate(folder / "wrapper.so", 0)
+    elif kind == "swapped wrapper.so":
+        (folder / "wrapper.so").write_bytes(so.read_bytes())
     elif kind == "garbage kernel.cpp":
         (so.parent / "kernel.cpp").write_text("this is not C++ {")
         store = so.parent.parents[3] / "binaries"
@@ -54,6 +58,7 @@ def _damage(kind: str, folder: Path, so: Path) -> None:
 
 
 DAMAGE = ["truncated kernel.so", "empty kernel.so", "swapped kernel.so", "truncated wrapper.so",
+          "empty wrapper.so", "swapped wrapper.so",
           "garbage kernel.cpp", "garbage optimize_tiling"]
 
 
