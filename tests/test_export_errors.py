@@ -43,7 +43,8 @@ def test_branch_on_a_tensor_value_is_named_data_dependent_control_flow(tmp_path)
     message = (f"{path}: torch.export failed (line 7 in forward): data-dependent control flow, a branch "
                "on a tensor value (guard Eq(u0, 1)); select with torch.where, or decide in the "
                "application; torch's log: --debug-dir DIR")
-    assert result.stderr == f"aotpack: error: {message}\n"  # no FX graph dump, no torch log lines
+    # the phase line, then the error: no FX graph dump, no torch log lines
+    assert result.stderr == f"aotpack: exporting value_branch.py (torch.export) ...\naotpack: error: {message}\n"
     assert len(message) <= export_errors.MAX_MESSAGE
     assert not (tmp_path / "aotpack_debug").exists() and not (tmp_path / "dist").exists()
 
