@@ -124,7 +124,8 @@ class PythonModeRun:
     values); ``choose`` then picks the candidate with the lowest mean time over the sets.
     """
 
-    def __init__(self, graph: Graph, compiled: dict[str, CompiledSet], backend):
+    def __init__(self, graph: Graph, compiled: dict[str, CompiledSet], backend, on_tuned=None,
+                 captured: dict | None = None):
         self.graph = graph
         self.compiled = compiled
         self.backend = backend
@@ -132,9 +133,10 @@ class PythonModeRun:
         self.samples: dict[str, list] = {}
         self.winners: dict[str, int] = {kid: c.cached_choice[0] for kid, c in compiled.items() if c.cached_choice}
         self.timings: dict[str, tuple] = {}
-        self.on_tuned = None
-        self.captured = None
-        self.to_tune = 0
+        self.on_tuned = on_tuned
+        self.captured = captured
+        self.to_tune = sum(1 for kid, c in compiled.items()
+                           if not c.cached_choice and len(c.candidate_set.candidates) > 1)
 
     def run(self, inputs: tuple) -> list[torch.Tensor]:
         """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
@@ -226,11 +228,7 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
     Returns:
         (``kernel_id -> Choice``, outputs of the example inputs with every winner).
     """
-    runner = PythonModeRun(graph, compiled, backend)
-    runner.on_tuned = on_tuned
-    runner.captured = captured
-    runner.to_tune = sum(1 for kid, c in compiled.items()
-                         if not c.cached_choice and len(c.candidate_set.candidates) > 1)
+    runner = PythonModeRun(graph, compiled, backend, on_tuned, captured)
     outputs = runner.run(input_sets[0])
     for inputs in input_sets[1:]:
         runner.run(inputs)

@@ -147,11 +147,6 @@ def ship_wrappers(compiled: dict[str, CompiledSet], winners: dict[str, int], bac
         shipped[kid] = (output, source)
         if cache.is_current(output, source_file, source):
             continue
-        if source == c.candidate_set.wrapper_source:  # one candidate: the PGO wrapper is the one
-            cache.write_atomic(output, cache.verified_bytes(c.folder.wrapper))
-            cache.record(output)
-            cache.write_atomic(source_file, source)
-            continue
         jobs.append((toolchain.compile_wrapper, source_file, source, output, False))
     run_parallel(jobs, store, settings.compile_threads)
     return shipped

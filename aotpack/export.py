@@ -176,7 +176,7 @@ def load_exported_program(path: str | Path, inputs_path: str | Path) -> ModelFil
         raise _fail(inputs_path, f"not a torch.save file of tensors: {type(exc).__name__}: "
                                  f"{_first_line(exc)}") from None
     example, *calibration = _input_sets(loaded, inputs_path)
-    _check_sets(inputs_path, example, calibration, "input set")
+    _check_sets(inputs_path, example, calibration, lambda n: f"input set {n + 1}", "the example inputs are")
     module = exported.module()
     try:  # on a copy: the program's buffers share storage with it and may be updated
         with torch.no_grad(), _quiet_torch():
@@ -192,14 +192,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _check_sets(path: Path, example: tuple, sets: list[tuple], what: str) -> None:
-    """Raises AotpackError unless every set matches the example's dtypes and shapes."""
+def _check_sets(path: Path, example: tuple, sets: list[tuple], set_name, example_is: str) -> None:
+    """Raises AotpackError unless every set matches the example's dtypes and shapes.
+
+    ``set_name(i)`` names set ``i`` in the message; ``example_is`` names the example inputs.
+    """
     want = [(t.dtype, tuple(t.shape)) for t in example]
     for number, inputs in enumerate(sets):
         got = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t).__name__, ())
                for t in inputs]
         if got != want:
-            raise _fail(path, f"{what} {number + 1} is {_describe(got)}, but the example inputs are "
+            raise _fail(path, f"{set_name(number)} is {_describe(got)}, but {example_is} "
                               f"{_describe(want)}; shapes are static, so every set must match")
 
 
@@ -217,13 +220,7 @@ def _calibration_sets(module, path: Path, example: tuple) -> list[tuple]:
     except Exception as exc:
         raise _fail(path, f"calibration_inputs() raised{_user_frame(exc, path)}: "
                           f"{type(exc).__name__}: {exc}") from exc
-    want = [(t.dtype, tuple(t.shape)) for t in example]
-    for number, inputs in enumerate(sets):
-        got = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t).__name__, ())
-               for t in inputs]
-        if got != want:
-            raise _fail(path, f"calibration_inputs() set {number} is {_describe(got)}, but example_inputs() "
-                              f"is {_describe(want)}; shapes are static, so every set must match")
+    _check_sets(path, example, sets, lambda n: f"calibration_inputs() set {n}", "example_inputs() is")
     return sets
 
 

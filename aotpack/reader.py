@@ -9,6 +9,7 @@ ELF and safetensors checks. Nothing here executes archive code.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tarfile
@@ -320,8 +321,15 @@ def check(archive: str | Path, limits: Limits | None = None, trusted_keys: list[
     archive = Path(archive)
     limits = Limits.from_env() if limits is None else limits
     trusted_keys = trusted_keys_from_env() if trusted_keys is None else trusted_keys
-    try:
+    with _errors_named(archive):
         return _walk(archive, limits, trusted_keys, keep)
+
+
+@contextlib.contextmanager
+def _errors_named(archive: Path):
+    """Every failure while reading ``archive`` as one AotpackError naming it."""
+    try:
+        yield
     except AotpackError as exc:
         raise AotpackError(f"{archive}: {exc}") from None
     except OSError as exc:
@@ -338,7 +346,7 @@ def read_manifest(archive: str | Path, limits: Limits | None = None) -> dict:
     """
     archive = Path(archive)
     limits = Limits.from_env() if limits is None else limits
-    try:
+    with _errors_named(archive):
         with open(archive, "rb") as handle:
             if handle.read(4) != _ZSTD_MAGIC:
                 raise AotpackError("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)")
@@ -349,12 +357,6 @@ def read_manifest(archive: str | Path, limits: Limits | None = None) -> dict:
                 text = entries.read_small(_expect(entries, MANIFEST, "first"), limits.max_manifest_bytes, MANIFEST)
                 digest = entries.read_small(_expect(entries, DIGEST, "second"), 65, DIGEST)
                 return check_manifest_entries(text, digest, None, [], limits)
-    except AotpackError as exc:
-        raise AotpackError(f"{archive}: {exc}") from None
-    except OSError as exc:
-        raise AotpackError(f"cannot read {archive}: {exc.strerror or exc}") from None
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
-        raise AotpackError(f"{archive}: corrupt archive: {exc}") from None
 
 
 def read_all(archive: str | Path) -> dict[str, bytes]:
