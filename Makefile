@@ -29,9 +29,10 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=70.1'
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# editable: the runtime builds into native/build (target runtime), not into the package
+	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
 	touch $@
 
 sysdeps:

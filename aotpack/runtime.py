@@ -17,12 +17,17 @@ from aotpack.package import read_manifest
 
 #: A source checkout's root (editable installs); the runtime builds into native/build.
 CHECKOUT = Path(__file__).resolve().parents[1]
-BUILD_HINT = "build it with `make runtime` (see native/README.md)"
+#: The installed package: a wheel built by ``pip install .`` holds bin/aotpack-run and
+#: lib/libaotpack_runtime.so.0 (setup.py).
+PACKAGE = Path(__file__).resolve().parent
+BUILD_HINT = "build it with `make runtime` in a source checkout, or install aotpack with `pip install .` (see native/README.md)"
 RUNTIME_LIBRARY = "libaotpack_runtime.so"
+WHEEL_RUNTIME_LIBRARY = "libaotpack_runtime.so.0"
 
 
 def find_runtime() -> Path:
-    """Path of ``aotpack-run``: ``$AOTPACK_RUNTIME``, ``native/build/``, then ``PATH``.
+    """Path of ``aotpack-run``: ``$AOTPACK_RUNTIME``, ``native/build/``, the installed
+    package's ``bin/``, then ``PATH``.
 
     Raises:
         AotpackError: not found; the message says how to build it.
@@ -33,7 +38,8 @@ def find_runtime() -> Path:
             return Path(chosen)
         raise AotpackError(f"{ENV_RUNTIME}={chosen} is not an executable file; point it at aotpack-run "
                            f"or unset it")
-    candidates = [str(CHECKOUT / "native" / "build" / "aotpack-run"), shutil.which("aotpack-run")]
+    candidates = [str(CHECKOUT / "native" / "build" / "aotpack-run"), str(PACKAGE / "bin" / "aotpack-run"),
+                  shutil.which("aotpack-run")]
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)
@@ -42,7 +48,7 @@ def find_runtime() -> Path:
 
 def find_runtime_library() -> Path:
     """Path of ``libaotpack_runtime.so``: ``$AOTPACK_RUNTIME_LIB``, ``native/build/``, then
-    installed next to the package (``aotpack/lib/``) or under the environment's prefix
+    installed next to the package (``aotpack/lib/``, as ``pip install .`` puts it) or under the environment's prefix
     (``<sys.prefix>/lib``, where ``cmake --install --prefix`` puts it).
 
     Raises:
@@ -57,7 +63,8 @@ def find_runtime_library() -> Path:
         raise AotpackError(f"{ENV_RUNTIME_LIB}={chosen} is not a file; point it at {RUNTIME_LIBRARY} "
                            "or unset it")
     candidates = [CHECKOUT / "native" / "build" / RUNTIME_LIBRARY,
-                  Path(__file__).resolve().parent / "lib" / RUNTIME_LIBRARY,
+                  PACKAGE / "lib" / WHEEL_RUNTIME_LIBRARY,
+                  PACKAGE / "lib" / RUNTIME_LIBRARY,
                   Path(sys.prefix) / "lib" / RUNTIME_LIBRARY]
     for candidate in candidates:
         if candidate.is_file():
