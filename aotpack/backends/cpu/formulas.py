@@ -2,7 +2,9 @@
 
 Formulas take operand variable names ``{0}``, ``{1}``, ... (already of the op's compute
 type); ``{t}`` is that type's C++ name and ``{p0}`` the op's first scalar parameter as
-a literal. Helpers named ``ap_*`` live in ``templates/cpu_math.h.j2``.
+a literal. Helpers named ``ap_*`` and the ``ap::`` math functions (GCC builtins standing in
+for <cmath>, which kernels do not include: it dominated their compile time) live in
+``templates/cpu_math.h.j2``.
 """
 from __future__ import annotations
 
@@ -25,25 +27,25 @@ C_TYPES = {
 FORMULAS = {
     "neg": "-{0}",
     "relu": "ap_relu({0})",
-    "abs": "std::abs({0})",
-    "exp": "std::exp({0})",
-    "exp2": "std::exp2({0})",
-    "expm1": "std::expm1({0})",
-    "log": "std::log({0})",
-    "log2": "std::log2({0})",
-    "log1p": "std::log1p({0})",
-    "sqrt": "std::sqrt({0})",
+    "abs": "ap::abs({0})",
+    "exp": "ap::exp({0})",
+    "exp2": "ap::exp2({0})",
+    "expm1": "ap::expm1({0})",
+    "log": "ap::log({0})",
+    "log2": "ap::log2({0})",
+    "log1p": "ap::log1p({0})",
+    "sqrt": "ap::sqrt({0})",
     "rsqrt": "ap_rsqrt({0})",
     "reciprocal": "ap_reciprocal({0})",
     "sigmoid": "ap_sigmoid({0})",
-    "tanh": "std::tanh({0})",
-    "erf": "std::erf({0})",
-    "sin": "std::sin({0})",
-    "cos": "std::cos({0})",
-    "floor": "std::floor({0})",
-    "ceil": "std::ceil({0})",
-    "round": "std::nearbyint({0})",
-    "trunc": "std::trunc({0})",
+    "tanh": "ap::tanh({0})",
+    "erf": "ap::erf({0})",
+    "sin": "ap::sin({0})",
+    "cos": "ap::cos({0})",
+    "floor": "ap::floor({0})",
+    "ceil": "ap::ceil({0})",
+    "round": "ap::nearbyint({0})",
+    "trunc": "ap::trunc({0})",
     "sign": "ap_sign({0})",
     "logical_not": "!{0}",
     "bitwise_not": "~{0}",
@@ -56,8 +58,8 @@ FORMULAS = {
     "pow": "ap_pow({0}, {1})",
     "maximum": "ap_max({0}, {1})",
     "minimum": "ap_min({0}, {1})",
-    "fmod": "std::fmod({0}, {1})",
-    "atan2": "std::atan2({0}, {1})",
+    "fmod": "ap::fmod({0}, {1})",
+    "atan2": "ap::atan2({0}, {1})",
     "eq": "({0} == {1})",
     "ne": "({0} != {1})",
     "lt": "({0} < {1})",
@@ -75,7 +77,7 @@ FORMULAS = {
     "identity": "{0}",
     "where": "({0} ? {1} : {2})",
     "ne_zero": "({0} != 0)",
-    "gelu": "({0} * static_cast<{t}>(0.5) * (static_cast<{t}>(1) + std::erf({0} * static_cast<{t}>(0.7071067811865476))))",
+    "gelu": "({0} * static_cast<{t}>(0.5) * (static_cast<{t}>(1) + ap::erf({0} * static_cast<{t}>(0.7071067811865476))))",
     "rsqrt_eps": "ap_rsqrt({0} + {p0})",
     "normalize": "(({0} - {1}) * {2})",
 }
