@@ -1,13 +1,15 @@
 """Stage: TopN candidates per distinct fused kernel (``prepare``).
 
 For each kernel the backend's solver proposes up to ``topn`` tilings, the heuristic
-default first; each is rendered into its own static-kernel source, plus one wrapper
+default first (or, with ``--cost-model``, the best of its whole space by the backend's
+cost model); each is rendered into its own static-kernel source, plus one wrapper
 source holding all their ``TilingInfo``. Kernels with the same ``kernel_id`` (repeated
 layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from aotpack import replay
@@ -36,6 +38,27 @@ class CandidateSet:
         return self.kernel.kernel_id
 
 
+def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:
+    """The candidates of ``kernel`` to compile and time.
+
+    Without the cost model: the solver's first ``topn`` (its default first, then the
+    nearest variations). With it (``settings.cost_model``): the solver's whole space
+    ranked by ``backend.estimate_us``, keeping the best ``ceil(ratio * len(space))``,
+    at least 1 and at most ``topn``; the best estimate becomes candidate 0.
+    """
+    if not settings.cost_model:
+        return tuple(backend.solve(kernel, limits, settings.topn)[:settings.topn])
+    space = backend.solve(kernel, limits, MAX_TOPN)
+    estimates = [backend.estimate_us(kernel, c, settings) for c in space]
+    if any(e is None for e in estimates):
+        return tuple(space[:settings.topn])
+    keep = min(settings.topn, max(1, math.ceil(settings.cost_model_ratio * len(space))))
+    ranked = sorted(range(len(space)), key=lambda i: (estimates[i], i))[:keep]
+    log.debug("%s: cost model keeps %s of %d", kernel.name,
+              ", ".join(f"{space[i].tiling_repr} ({estimates[i]:.1f} us)" for i in ranked), len(space))
+    return tuple(space[i] for i in ranked)
+
+
 def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str, CandidateSet]:
     """``kernel_id -> CandidateSet`` for every distinct kernel of ``graph``, in first-use order.
 
@@ -48,7 +71,7 @@ def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str,
     for kernel in graph.kernels:
         if kernel.kernel_id in sets:
             continue
-        candidates = tuple(backend.solve(kernel, limits, settings.topn)[:settings.topn])
+        candidates = shortlist(kernel, backend, limits, settings)
         if kernel.kernel_id in replayed:
             winner = replay.pick(backend.solve(kernel, limits, MAX_TOPN), replayed[kernel.kernel_id])
             if winner is not None:

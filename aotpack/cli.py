@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--name", help="archive name (default: the model file's stem)")
     b.add_argument("--version", help="semantic version X.Y.Z (default: the file's __version__ or 0.1.0)")
     b.add_argument("--topn", help="candidate tilings per kernel, 1-10 (env AOTPACK_AUTOTUNE_TOPN, default 1)")
+    b.add_argument("--cost-model", action="store_true", default=None,
+                   help="rank the solver's whole space (up to 10 tilings) with the cost model and "
+                        "compile only the best --cost-model-ratio of it, at most --topn (env AOTPACK_COSTMODEL=1)")
+    b.add_argument("--cost-model-ratio", metavar="R",
+                   help="share of the space the cost model keeps, in (0, 1] (env AOTPACK_COSTMODEL_RATIO, default 0.25)")
     b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
     b.add_argument("--target-isa", default=None,
                    help="target ISA the kernels are compiled for (default: native, this machine; e.g. x86-64-v3)")
@@ -99,7 +104,8 @@ def _build(args) -> int:
     settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, target_isa=args.target_isa,
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
                                  retune=args.retune or None, backend=args.backend,
-                                 tuning_from=args.tuning_from, require_coverage=args.require_coverage)
+                                 tuning_from=args.tuning_from, require_coverage=args.require_coverage,
+                                 cost_model=args.cost_model, cost_model_ratio=args.cost_model_ratio)
     from aotpack.progress import BuildProgress, summary
 
     result = build(args.model, args.output_dir, args.name, args.version, settings,

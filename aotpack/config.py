@@ -27,6 +27,10 @@ ENV_RUNTIME = "AOTPACK_RUNTIME"
 ENV_RUNTIME_LIB = "AOTPACK_RUNTIME_LIB"
 ENV_RETUNE = "AOTPACK_RETUNE"
 ENV_BACKEND = "AOTPACK_BACKEND"
+ENV_COSTMODEL = "AOTPACK_COSTMODEL"
+ENV_COSTMODEL_RATIO = "AOTPACK_COSTMODEL_RATIO"
+#: Share of the solver's space the cost model keeps for compiling and PGO.
+DEFAULT_COSTMODEL_RATIO = 0.25
 
 
 
@@ -110,6 +114,27 @@ def env_debug_dir() -> Path | None:
     return ENV_DEBUG_DIR if os.environ.get(ENV_DEBUG) == "1" else None
 
 
+def parse_cost_model_ratio(raw: str | float, source: str = ENV_COSTMODEL_RATIO) -> float:
+    """Validate a cost-model ratio: a number in (0, 1].
+
+    Raises:
+        AotpackError: not a number, or outside (0, 1].
+    """
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise AotpackError(f"{source} must be a number in (0, 1], got {raw!r}") from None
+    if not 0 < value <= 1:
+        raise AotpackError(f"{source} must be a number in (0, 1], got {raw!r}")
+    return value
+
+
+def _cost_model_ratio(flag, env) -> float:
+    if flag is not None:
+        return parse_cost_model_ratio(flag, "--cost-model-ratio")
+    return parse_cost_model_ratio(env.get(ENV_COSTMODEL_RATIO, DEFAULT_COSTMODEL_RATIO))
+
+
 @dataclass(frozen=True)
 class Settings:
     """Build settings; every field has an environment variable and a CLI flag."""
@@ -124,6 +149,8 @@ class Settings:
     tuning_from: Path | None = None  # an archive whose recorded winners are replayed
     require_coverage: bool = False  # every kernel must be reached by the real inputs
     backend: str = DEFAULT_BACKEND
+    cost_model: bool = False  # rank the solver's whole space, compile the best share
+    cost_model_ratio: float = DEFAULT_COSTMODEL_RATIO
 
     @staticmethod
     def from_env(**overrides) -> "Settings":
@@ -147,4 +174,6 @@ class Settings:
                         retune=bool(overrides.get("retune")) or env.get(ENV_RETUNE) == "1",
                         tuning_from=Path(overrides["tuning_from"]) if overrides.get("tuning_from") else None,
                         require_coverage=bool(overrides.get("require_coverage")),
-                        backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, DEFAULT_BACKEND)))
+                        backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, DEFAULT_BACKEND)),
+                        cost_model=bool(overrides.get("cost_model")) or env.get(ENV_COSTMODEL) == "1",
+                        cost_model_ratio=_cost_model_ratio(overrides.get("cost_model_ratio"), env))

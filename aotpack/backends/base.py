@@ -116,6 +116,11 @@ class Backend(ABC):
     def solve(self, kernel, limits: Limits, count: int) -> list[Candidate]:
         """At most ``count`` candidates for ``kernel``, the heuristic default first."""
 
+    def estimate_us(self, kernel, candidate: Candidate, settings) -> float | None:
+        """Estimated us of one launch (the cost model that ranks candidates before they
+        are compiled, ``--cost-model``); None when the backend has no model."""
+        return None
+
     @abstractmethod
     def render_kernel(self, kernel, candidate: Candidate) -> str:
         """Source of ``kernel`` with ``candidate``'s tiling fixed at compile time."""

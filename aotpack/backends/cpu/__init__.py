@@ -4,7 +4,7 @@ Kernels are C++ rendered from Jinja templates (``templates/cpu_*.j2``) with ever
 shape, stride and tiling knob a compile-time constant, compiled by the system C++
 compiler (``toolchain``), parallel over OpenMP threads (``block_dim``).
 
-Files: ``tiling`` (TopN solver), ``formulas`` + ``renderer`` (kernel IR -> C++),
+Files: ``tiling`` (TopN solver), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
 ``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
 launcher), ``cpp_wrapper`` (model.cpp).
 """
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from aotpack.backends.base import Backend, Limits
-from aotpack.backends.cpu import cpp_wrapper, tiling
+from aotpack.backends.cpu import cost_model, cpp_wrapper, tiling
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
@@ -31,6 +31,9 @@ class CpuBackend(Backend):
 
     def solve(self, kernel, limits: Limits, count: int) -> list:
         return tiling.solve(kernel, limits.device_limit, count)
+
+    def estimate_us(self, kernel, candidate, settings) -> float:
+        return cost_model.estimate_us(kernel, candidate, self.target(settings)["features"])
 
     def render_kernel(self, kernel, candidate) -> str:
         return render_kernel(kernel, candidate)

@@ -1,0 +1,101 @@
+"""The CPU cost model ranks a kernel's candidate tilings before anything is compiled, and
+the ``--cost-model`` shortlist keeps the best share of the solver's space (no compiler)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from aotpack import backends
+from aotpack.backends.cpu import cost_model, tiling
+from aotpack.backends.cpu.tiling import Tiling
+from aotpack.candidates import shortlist
+from aotpack.config import MAX_TOPN, Settings
+from aotpack.errors import AotpackError
+from test_kernel_ir import lowered_source
+
+pytestmark = pytest.mark.unit
+
+AVX2 = ["avx", "avx2", "fma"]
+
+
+def only_kernel(tmp_path, body, inputs):
+    (kernel,) = lowered_source(tmp_path, body, inputs).kernels
+    return kernel
+
+
+def test_bytes_and_ops_of_a_pointwise_kernel(tmp_path):
+    kernel = only_kernel(tmp_path, "return torch.exp(x) + 1", "torch.randn(64, 1024)")
+    assert cost_model.kernel_bytes(kernel) == 2 * 64 * 1024 * 4         # read once, written once
+    assert cost_model.element_ops(kernel) == cost_model.TRANSCENDENTAL_COST + 1
+
+
+def test_vector_width_of_the_target():
+    assert cost_model.vector_bytes(["avx512f", "avx2"]) == 64
+    assert cost_model.vector_bytes(AVX2) == 32
+    assert cost_model.vector_bytes([]) == 16
+
+
+def test_simdlen_of_the_register_width_ranks_first(tmp_path):
+    kernel = only_kernel(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
+    estimates = {s: cost_model.estimate_us(kernel, Tiling(2, 1024, s, 0), AVX2) for s in (0, 8, 16)}
+    assert estimates[8] < estimates[16] < estimates[0]
+
+
+def test_threads_pay_only_for_large_kernels(tmp_path):
+    small = only_kernel(tmp_path, "return x * 2", "torch.randn(4, 64)")
+    large = only_kernel(tmp_path, "return torch.erf(x) * 2", "torch.randn(512, 2048)")
+    for kernel, faster in ((small, 1), (large, 2)):
+        one, two = (cost_model.estimate_us(kernel, Tiling(b, kernel.inner_size, 8, 0), AVX2) for b in (1, 2))
+        assert (one < two) == (faster == 1)
+
+
+def test_blocked_loop_order_wins_for_a_transposing_copy(tmp_path):
+    kernel = only_kernel(tmp_path, "return x.t().contiguous()", "torch.randn(512, 256)")
+    assert kernel.access.strided
+    blocked = cost_model.estimate_us(kernel, Tiling(2, 32, 0, 0, row_block=16), AVX2)
+    plain = cost_model.estimate_us(kernel, Tiling(2, 512, 0, 0), AVX2)
+    assert blocked < plain / 2
+
+
+def settings(**fields):
+    return dataclasses.replace(Settings(device_limit=2), **fields)
+
+
+def test_shortlist_without_the_cost_model_is_the_solvers_first_topn(tmp_path):
+    kernel = only_kernel(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
+    backend = backends.get("cpu")
+    limits = backend.limits(settings())
+    picked = shortlist(kernel, backend, limits, settings(topn=3))
+    assert picked == tuple(tiling.solve(kernel, 2, 3))
+
+
+def test_cost_model_keeps_the_best_share_at_most_topn(tmp_path):
+    kernel = only_kernel(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
+    backend = backends.get("cpu")
+    chosen = settings(topn=10, cost_model=True, cost_model_ratio=0.25)
+    space = tiling.solve(kernel, 2, MAX_TOPN)
+    estimate = {c.tiling_repr: backend.estimate_us(kernel, c, chosen) for c in space}
+    picked = shortlist(kernel, backend, backend.limits(chosen), chosen)
+    assert len(picked) == -(-len(space) // 4)                      # ceil(0.25 * space)
+    assert [estimate[c.tiling_repr] for c in picked] == sorted(estimate.values())[:len(picked)]
+    capped = shortlist(kernel, backend, backend.limits(chosen), dataclasses.replace(chosen, topn=1))
+    assert capped == picked[:1]
+
+
+@pytest.mark.parametrize("raw", ["0", "1.5", "-0.1", "half"])
+def test_cost_model_ratio_must_be_in_zero_one(monkeypatch, raw):
+    monkeypatch.setenv("AOTPACK_COSTMODEL_RATIO", raw)
+    with pytest.raises(AotpackError) as error:
+        Settings.from_env()
+    assert str(error.value) == f"AOTPACK_COSTMODEL_RATIO must be a number in (0, 1], got {raw!r}"
+
+
+def test_cost_model_settings_from_env_and_flags(monkeypatch):
+    monkeypatch.setenv("AOTPACK_COSTMODEL", "1")
+    monkeypatch.setenv("AOTPACK_COSTMODEL_RATIO", "0.5")
+    chosen = Settings.from_env()
+    assert chosen.cost_model and chosen.cost_model_ratio == 0.5
+    assert Settings.from_env(cost_model_ratio="1").cost_model_ratio == 1.0
+    monkeypatch.delenv("AOTPACK_COSTMODEL")
+    assert not Settings.from_env().cost_model and Settings.from_env(cost_model=True).cost_model
