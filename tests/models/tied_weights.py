@@ -12,6 +12,7 @@ class Tied(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
+        nn.init.normal_(self.embed.weight, std=0.02)  # GPT-2's initialisation
         self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
         self.lm_head.weight = self.embed.weight
         self.decoder = nn.Module()
