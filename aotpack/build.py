@@ -16,13 +16,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import safetensors.torch
 import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import debug_artifacts, leftovers, parity, replay, runtime, signing, verify
+from aotpack import debug_artifacts, leftovers, parity, replay, runtime, signing, verify, weights
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
@@ -224,14 +223,14 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         model_so, _ = backend.compile_model(source, Path(work), settings)
         files = {layout.MODEL_LIBRARY_PATH: model_so.read_bytes(), layout.MODEL_SOURCE_PATH: source.encode(),
                  layout.KERNEL_IR_PATH: graph.dump().encode()}
-    constants = {b.name: graph.constant_tensors[b.name] for b in graph.constants}
-    files[layout.WEIGHTS_PATH] = safetensors.torch.save(constants) if constants else safetensors.torch.save({})
+    stored = weights.plan(graph)  # each tied or repeated weight once, the rest as aliases
+    files[layout.WEIGHTS_PATH] = stored.safetensors_bytes()
     files.update(_kernel_files(compiled, choices, shipped))
     if selftest:
         files.update(verify.selftest_files(model_file.example_inputs, reference, output_names))
     manifest = package.manifest(
         name=name, version=version, backend=backend, target=target, settings=settings, graph=graph,
-        output_names=output_names, kernels=package.kernel_entries(sets, choices))
+        output_names=output_names, kernels=package.kernel_entries(sets, choices), weight_aliases=stored.aliases)
     if replayed is not None:
         manifest["tuning_from"] = {"archive": Path(settings.tuning_from).name,
                                    "replayed": sum(1 for kid in sets if kid in replayed)}

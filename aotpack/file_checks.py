@@ -103,9 +103,14 @@ def _unsigned(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64
 
 
-def check_weights(handle: BinaryIO, constants: list[dict], path: str) -> None:
+def check_weights(handle: BinaryIO, constants: list[dict], path: str,
+                  aliases: dict[str, str] | None = None) -> None:
     """Raise unless the safetensors file in ``handle`` holds every constant of the manifest
-    with its dtype and shape, with valid data offsets (the runtime's make_constants)."""
+    with its dtype and shape, with valid data offsets (the runtime's make_constants).
+
+    ``aliases``: the manifest's ``weight_aliases`` (already checked for chains and cycles):
+    a constant named there is read from the tensor it names; every alias must name a
+    tensor of the file, and no alias may itself be a tensor of the file."""
     def bad(what: str):
         raise AotpackError(f"{path}: {what}")
 
@@ -155,10 +160,19 @@ def check_weights(handle: BinaryIO, constants: list[dict], path: str) -> None:
         if end - begin != nbytes:
             bad(f"tensor '{name}' holds {end - begin} bytes, needs {nbytes}")
         views[name] = (dtype, shape)
+    aliases = aliases or {}
+    for name in sorted(aliases):
+        if name in views:
+            raise AotpackError(f"weight alias '{name}' is also a tensor in {path}; a name is either "
+                               "stored or an alias")
+        if aliases[name] not in views:
+            raise AotpackError(f"weight alias '{name}' -> '{aliases[name]}': no such tensor in {path}")
     for spec in constants:
-        got = views.get(spec["name"])
+        stored = aliases.get(spec["name"], spec["name"])
+        got = views.get(stored)
         if got is None:
             raise AotpackError(f"constant '{spec['name']}' is missing from {path}")
         if got != (spec["dtype"], spec["shape"]):
-            raise AotpackError(f"constant '{spec['name']}': manifest.json says {spec['dtype']}{spec['shape']}, "
+            held = f" (stored as '{stored}')" if stored != spec["name"] else ""
+            raise AotpackError(f"constant '{spec['name']}'{held}: manifest.json says {spec['dtype']}{spec['shape']}, "
                                f"{path} holds {got[0]}{got[1]}")

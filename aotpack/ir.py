@@ -312,6 +312,9 @@ class Graph:
     kernels: list  # kernel_ir.FusedKernel, in creation order
     mutated_buffers: list[str] = field(default_factory=list)  # constants written in place
     mutated_inputs: list[str] = field(default_factory=list)  # caller's inputs written in place
+    # name -> tensor as exported (storage shared between tied names), every lifted
+    # parameter/buffer/constant including those forward never reads; see aotpack.weights
+    constant_sources: dict = field(default_factory=dict)
 
     def distinct_kernels(self) -> list:
         """One ``FusedKernel`` per ``kernel_id`` (repeated layers share one), in first-use order."""

@@ -20,7 +20,9 @@ import sys
 # keys or optional files is not such a change. The runtime refuses any other version.
 #: Version 2: kernels use the versioned launch ABI of native/include/aotpack/kernel_abi.h
 #: (aotpack_kernel_launch with an AotpackKernelLaunch struct); model ABI 2, host ABI 1.
-FORMAT_VERSION = 2
+#: Version 3: a constant may be stored under another name (manifest ``weight_aliases``:
+#: tied and repeated weights are stored once).
+FORMAT_VERSION = 3
 #: MAJOR of the model ABI (model_abi.h) that manifests record as ``model.abi_version``.
 MODEL_ABI_VERSION_MAJOR = 2
 

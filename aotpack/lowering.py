@@ -52,14 +52,16 @@ class Lowerer:
         self.inputs: list[Buffer] = []
         self.constants: list[Buffer] = []
         self.constant_tensors: dict[str, torch.Tensor] = {}
+        self.constant_sources: dict[str, torch.Tensor] = {}  # as exported: storage identity kept
         self.counter = 0
 
     # ------------------------------------------------------------------ entry
     def run(self) -> Graph:
         """Lower every node, in graph order."""
         placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
+        written = {s.target for s in self.ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
         for node, spec in zip(placeholders, self.ep.graph_signature.input_specs):
-            self.env[node] = self._placeholder(node, spec)
+            self.env[node] = self._placeholder(node, spec, read=bool(node.users) or spec.target in written)
         outputs, mutated = [], {"constant": [], "input": []}
         for node in self.ep.graph.nodes:
             if node.op == "call_function":
@@ -69,9 +71,13 @@ class Lowerer:
             elif node.op == "get_attr":  # a control-flow branch; its user reports it
                 self.env[node] = getattr(self.ep.graph_module, node.target)
         return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
-                     outputs, self.kernels, mutated["constant"], mutated["input"])
+                     outputs, self.kernels, mutated["constant"], mutated["input"], self.constant_sources)
 
-    def _placeholder(self, node, spec) -> Buffer:
+    def _placeholder(self, node, spec, read: bool) -> Buffer | None:
+        """The buffer of one graph input. A parameter, buffer or lifted constant that
+        forward never reads (``read`` False: a tied weight's other names, an unused
+        buffer) gets none; its tensor is kept in ``constant_sources`` only, so the
+        archive can record it as an alias of a stored weight (``aotpack.weights``)."""
         val = _meta(node)
         if spec.kind == InputKind.USER_INPUT:
             if not isinstance(val, torch.Tensor):
@@ -84,6 +90,9 @@ class Lowerer:
             tensor = self.ep.state_dict.get(spec.target)
             if tensor is None:
                 tensor = self.ep.constants[spec.target]
+            self.constant_sources[spec.target] = tensor.detach()
+            if not read:
+                return None
             tensor = tensor.detach().contiguous().clone()
             buf = Buffer(spec.target, tuple(tensor.shape), contiguous_strides(tensor.shape),
                          tensor.dtype, "constant")
@@ -100,7 +109,7 @@ class Lowerer:
         self.counter += 1
         buf = Buffer(f"_scalar_{self.counter}", (), (), tensor.dtype, "constant")
         self.constants.append(buf)
-        self.constant_tensors[buf.name] = tensor
+        self.constant_tensors[buf.name] = self.constant_sources[buf.name] = tensor
         return buf
 
     def _outputs(self, node):

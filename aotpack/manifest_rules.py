@@ -226,6 +226,7 @@ def validate(doc: dict) -> dict:
             _bad(f"{where}.size", "negative")
     if library not in files:
         _bad("model.library", f"'{library}' is not one of the archive's files")
+    aliases = weight_aliases(doc)
     # compat.cpp's structural checks (torch version and CPU features are the host's business)
     if backend != RUNTIME_BACKEND:
         raise AotpackError(f"backend '{backend}' is not supported (this runtime runs '{RUNTIME_BACKEND}' archives)")
@@ -238,4 +239,47 @@ def validate(doc: dict) -> dict:
     for name in mutated:
         if name not in names:
             raise AotpackError(f"mutated buffer '{name}' is not among the constants")
+    targets = set(aliases.values())
+    for name in mutated:
+        if name in aliases or name in targets:
+            raise AotpackError(f"mutated buffer '{name}' shares its weights with another name "
+                               "(weight_aliases); a buffer the model writes must be stored on its own")
     return doc
+
+
+def weight_aliases(doc: dict) -> dict[str, str]:
+    """The manifest's ``weight_aliases`` (name -> the tensor of the weights file holding its
+    bytes; absent = none), checked: an object of strings, where no target is itself an
+    alias, so no chain and no cycle. Keys are checked in sorted order, as the runtime does.
+
+    Raises:
+        AotpackError: ``manifest.json: weight_aliases...: <problem>``, naming a cycle.
+    """
+    if "weight_aliases" not in doc:
+        return {}
+    aliases = _obj(doc, "weight_aliases", "")
+    for name in sorted(aliases):
+        where = f'weight_aliases["{name}"]'
+        target = aliases[name]
+        if not isinstance(target, str):
+            _bad(where, "expected a string")
+    for name in sorted(aliases):
+        target = aliases[name]
+        if target in aliases:
+            path, seen = [name], {name}
+            while target in aliases and target not in seen:
+                path.append(target)
+                seen.add(target)
+                target = aliases[target]
+            if target in seen:
+                chain = " -> ".join(f"'{n}'" for n in path + [target])
+                _bad("weight_aliases", f"the aliases form a cycle: {chain}")
+            _bad(f'weight_aliases["{name}"]', f"'{aliases[name]}' is itself an alias; an alias must "
+                 f"name a tensor stored in {WEIGHTS}")
+    return aliases
+
+
+def stored_name(doc: dict, name: str) -> str:
+    """The tensor of the weights file that holds constant ``name``: its alias target, or
+    ``name`` itself (``doc`` already validated)."""
+    return doc.get("weight_aliases", {}).get(name, name)

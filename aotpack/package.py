@@ -22,7 +22,11 @@ import zstandard
 from aotpack.errors import AotpackError
 from aotpack import layout, leftovers
 
+#: zstd level of code, sources and the manifest: small and very compressible.
 ZSTD_LEVEL = 19
+#: zstd level of tensor files (``*.safetensors``): float weights barely compress (random
+#: mantissas), and a high level costs minutes per 100 MB for the same size (docs/archive.md).
+TENSOR_ZSTD_LEVEL = 1
 
 
 def _mtime() -> int:
@@ -72,11 +76,13 @@ def kernel_entries(candidate_sets: dict, choices: dict) -> list[dict]:
 
 
 def manifest(name: str, version: str, backend, target: dict, settings, graph, output_names: list[str],
-             kernels: list[dict]) -> dict:
+             kernels: list[dict], weight_aliases: dict[str, str] | None = None) -> dict:
     """Every manifest key but ``files`` (``write_archive`` adds the file table).
 
     Format: docs/archive.md. ``target`` is the backend's target description (for the CPU,
     the resolved target ISA and the features the runtime checks at load).
+    ``weight_aliases``: constant name -> the name its bytes are stored under in the
+    weights file (``aotpack.weights.WeightPlan.aliases``).
     """
     import torch
 
@@ -91,6 +97,7 @@ def manifest(name: str, version: str, backend, target: dict, settings, graph, ou
         "constants": _signature(graph.constants, [b.name for b in graph.constants]),
         "inputs": _signature(graph.inputs, [b.name for b in graph.inputs]),
         "outputs": _output_signature(graph, output_names),
+        "weight_aliases": dict(sorted((weight_aliases or {}).items())),
         "mutated_buffers": graph.mutated_buffers,
         "mutated_inputs": graph.mutated_inputs,
         "kernels": kernels,
@@ -119,15 +126,41 @@ def pack(manifest_text: bytes, files: dict[str, bytes], signature: bytes | None 
     ``signature``: 64-byte Ed25519 signature of ``manifest_text`` (``aotpack.signing``).
     """
     raw = io.BytesIO()
+    starts = []  # (tar offset where an entry's header starts, its zstd level)
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add(tar, layout.MANIFEST_PATH, manifest_text)
-        _add(tar, layout.MANIFEST_DIGEST_PATH, manifest_digest(manifest_text))
+        def add(path: str, data: bytes) -> None:
+            starts.append((tar.offset, entry_level(path)))
+            _add(tar, path, data)
+        add(layout.MANIFEST_PATH, manifest_text)
+        add(layout.MANIFEST_DIGEST_PATH, manifest_digest(manifest_text))
         if signature is not None:
-            _add(tar, layout.MANIFEST_SIGNATURE_PATH, signature)
+            add(layout.MANIFEST_SIGNATURE_PATH, signature)
         for path in sorted(files):
-            _add(tar, path, files[path])
-    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
-                                    write_checksum=True).compress(raw.getvalue())
+            add(path, files[path])
+    return compress_frames(raw.getbuffer(), starts)
+
+
+def entry_level(path: str) -> int:
+    """The zstd level of one archive entry: ``TENSOR_ZSTD_LEVEL`` for tensor files, else
+    ``ZSTD_LEVEL``."""
+    return TENSOR_ZSTD_LEVEL if path.endswith(".safetensors") else ZSTD_LEVEL
+
+
+def compress_frames(tar: memoryview, starts: list[tuple[int, int]]) -> bytes:
+    """``tar`` as consecutive zstd frames, one per run of entries with the same level
+    (each with its content size and checksum). Concatenated frames decompress to the
+    concatenated data, so readers see one tar stream; the tar's end blocks join the last
+    frame. ``starts``: (offset of an entry's first header byte, level), in tar order."""
+    runs = []  # [start, level], merged while the level repeats
+    for offset, level in starts:
+        if not runs or runs[-1][1] != level:
+            runs.append([offset, level])
+    frames = []
+    for i, (begin, level) in enumerate(runs):
+        end = runs[i + 1][0] if i + 1 < len(runs) else len(tar)
+        compressor = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
+        frames.append(compressor.compress(tar[begin:end]))
+    return b"".join(frames)
 
 
 def publish(target: Path, data: bytes, before_publish: Callable[[Path], None] | None = None) -> Path:

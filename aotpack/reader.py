@@ -293,7 +293,7 @@ def _walk(archive: Path, limits: Limits, trusted_keys: list[str], keep: Callable
                         file_checks.check_elf(spools[name], name)
                 if manifest["constants"]:
                     file_checks.check_weights(spools[manifest_rules.WEIGHTS], manifest["constants"],
-                                              manifest_rules.WEIGHTS)
+                                              manifest_rules.WEIGHTS, manifest_rules.weight_aliases(manifest))
                 for name, spool in spools.items():
                     if keep(name):
                         spool.seek(0)

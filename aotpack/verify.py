@@ -15,15 +15,30 @@ Each check prints one line:
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
+import time
 from pathlib import Path
 
 from aotpack import reader
 from aotpack.errors import AotpackError
 from aotpack.layout import SELFTEST_INPUTS_PATH as SELFTEST_INPUTS
 from aotpack.layout import SELFTEST_OUTPUTS_PATH as SELFTEST_OUTPUTS
-from aotpack.runtime import find_runtime
+
+
+@contextlib.contextmanager
+def _trusted_keys_set(keys: list[str]):
+    """$AOTPACK_TRUSTED_KEYS set to ``keys`` while the runtime loads (it reads the variable),
+    restored afterwards."""
+    before = os.environ.get("AOTPACK_TRUSTED_KEYS")
+    os.environ["AOTPACK_TRUSTED_KEYS"] = ":".join(keys)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["AOTPACK_TRUSTED_KEYS"]
+        else:
+            os.environ["AOTPACK_TRUSTED_KEYS"] = before
 
 
 def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
@@ -75,27 +90,29 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
             lines.append(NO_SELFTEST_NOTE)
         lines.append(NOT_RUN)
         return lines
-    env = dict(os.environ, AOTPACK_TRUSTED_KEYS=":".join(keys))
-    check = subprocess.run([str(find_runtime()), str(archive), "--check"], capture_output=True, text=True,
-                           env=env)
-    if check.returncode != 0:
-        raise AotpackError("\n".join(lines + [check.stderr.strip().removeprefix("aotpack-run: error: ")]))
-    lines.append(f"load: {check.stdout.strip()}")
-    if "selftest" not in manifest:
-        raise AotpackError("\n".join(lines + [NO_SELFTEST_ERROR]))
-    members = report.members
-    if SELFTEST_INPUTS not in members or SELFTEST_OUTPUTS not in members:
-        raise AotpackError("\n".join(lines + ["self-test: the manifest names one but its files are missing"]))
-    import safetensors.torch  # torch is only needed to run the self-test
-
-    from aotpack import parity
-
-    stored = safetensors.torch.load(members[SELFTEST_INPUTS])  # a dict: order by name
-    inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
-    expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])
     from aotpack.loader import load
 
-    with load(archive) as model:
+    started = time.perf_counter()
+    try:  # one load and one run: the load line and the self-test come from the same model
+        with _trusted_keys_set(keys):
+            model = load(archive)
+    except AotpackError as exc:
+        raise AotpackError("\n".join(lines + [str(exc)])) from None
+    with model:
+        lines.append(f"load: ok: {model.name} {model.version} (loaded in "
+                     f"{(time.perf_counter() - started) * 1e3:.1f} ms)")
+        if "selftest" not in manifest:
+            raise AotpackError("\n".join(lines + [NO_SELFTEST_ERROR]))
+        members = report.members
+        if SELFTEST_INPUTS not in members or SELFTEST_OUTPUTS not in members:
+            raise AotpackError("\n".join(lines + ["self-test: the manifest names one but its files are missing"]))
+        import safetensors.torch  # torch is only needed to run the self-test
+
+        from aotpack import parity
+
+        stored = safetensors.torch.load(members[SELFTEST_INPUTS])  # a dict: order by name
+        inputs = [stored[f"input_{i}"] for i in range(len(manifest["inputs"]))]
+        expected = safetensors.torch.load(members[SELFTEST_OUTPUTS])
         outputs = model.run(*inputs)
     names = [o["name"] for o in manifest["outputs"]]
     tolerance = manifest["selftest"]

@@ -228,10 +228,16 @@ def corpus(archive: bytes, seed: int = 7):
         "uppercase": json.dumps({**base, "files": {p: {**r, "sha256": r["sha256"].upper()}
                                                    for p, r in base["files"].items()}}).encode(),
         "nan": json.dumps({**base, "device_limit": float("nan")}).encode(),
-        "huge-int": json.dumps(base).encode().replace(b'"format_version": 2', b'"format_version": 18446744073709551617'),
-        "float-version": json.dumps({**base, "format_version": 2.0}).encode(),
+        "huge-int": json.dumps(base).encode().replace(b'"format_version": %d' % base["format_version"],
+                                                      b'"format_version": 18446744073709551617'),
+        "float-version": json.dumps({**base, "format_version": float(base["format_version"])}).encode(),
         "bool-version": json.dumps({**base, "format_version": True}).encode(),
-        "version-3": json.dumps({**base, "format_version": 3}).encode(),
+        "version-next": json.dumps({**base, "format_version": base["format_version"] + 1}).encode(),
+        "version-previous": json.dumps({**base, "format_version": base["format_version"] - 1}).encode(),
+        "alias-cycle": json.dumps({**base, "weight_aliases": {"a": "b", "b": "a"}}).encode(),
+        "alias-chain": json.dumps({**base, "weight_aliases": {"a": "b", "b": "c"}}).encode(),
+        "alias-not-string": json.dumps({**base, "weight_aliases": {"a": 1}}).encode(),
+        "alias-list": json.dumps({**base, "weight_aliases": ["a"]}).encode(),
         "no-model": json.dumps({k: v for k, v in base.items() if k != "model"}).encode(),
         "library-missing": json.dumps({**base, "model": {**base["model"], "library": "x.so"}}).encode(),
         "negative-dim": json.dumps({**base, "inputs": [dict(c, shape=[-1] * len(c["shape"])) for c in base["inputs"]]}).encode(),
@@ -246,6 +252,9 @@ def corpus(archive: bytes, seed: int = 7):
         "huge-size": json.dumps({**base, "files": {**base["files"], so[0]: {**base["files"][so[0]], "size": 1 << 40}}}).encode(),
         "negative-size": json.dumps({**base, "files": {**base["files"], so[0]: {**base["files"][so[0]], "size": -1}}}).encode(),
     }
+    if base["constants"]:  # an alias naming no stored tensor
+        first = base["constants"][0]["name"]
+        bad_texts["alias-missing"] = json.dumps({**base, "weight_aliases": {first: "ghost"}}).encode()
     for name, text in bad_texts.items():
         yield (Case(f"manifest-bad-{name}", zst(tar_bytes(with_files(members, {}, manifest_text=text))), True))
 

@@ -238,7 +238,7 @@ def test_not_an_archive_refused(tmp_path, fixture):
      f"{layout.FORMAT_VERSION}): use a newer aotpack runtime"),
     ({"format_version": 1},
      f"format_version 1 is not supported (this runtime reads {layout.FORMAT_VERSION}): the archive "
-     "predates the versioned kernel launch ABI; rebuild it with this aotpack"),
+     "is from an older aotpack (before the versioned kernel launch ABI); rebuild it with this aotpack"),
     ({"backend": "npu"}, "backend 'npu' is not supported"),
     ({"model": {"library": layout.MODEL_LIBRARY_PATH, "abi_version": 7}},
      "model.abi_version 7 is not supported (this runtime implements model ABI 2.0; the major must match)"),

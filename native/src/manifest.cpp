@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <set>
 
 #include "archive.h"
 #include "dtype.h"
@@ -137,6 +138,36 @@ std::unordered_map<std::string, FileRecord> get_files(const json& obj) {
   return files;
 }
 
+// weight_aliases: an object of strings in which no target is itself an alias (so there is
+// no chain and no cycle); keys in sorted order, as the Python reader checks them.
+std::map<std::string, std::string> get_weight_aliases(const json& doc) {
+  std::map<std::string, std::string> aliases;
+  if (!doc.contains("weight_aliases")) return aliases;
+  for (const auto& [name, target] : get_object(doc, "weight_aliases", "").items()) {
+    if (!target.is_string()) bad("weight_aliases[\"" + name + "\"]", "expected a string");
+    aliases[name] = target.get<std::string>();
+  }
+  for (const auto& [name, first] : aliases) {
+    if (!aliases.count(first)) continue;
+    std::vector<std::string> path{name};
+    std::set<std::string> seen{name};
+    std::string target = first;
+    while (aliases.count(target) && !seen.count(target)) {
+      path.push_back(target);
+      seen.insert(target);
+      target = aliases.at(target);
+    }
+    if (seen.count(target)) {
+      std::string chain;
+      for (const std::string& n : path) chain += "'" + n + "' -> ";
+      bad("weight_aliases", "the aliases form a cycle: " + chain + "'" + target + "'");
+    }
+    bad("weight_aliases[\"" + name + "\"]", "'" + first + "' is itself an alias; an alias must name a tensor "
+        "stored in " + std::string(kWeightsPath));
+  }
+  return aliases;
+}
+
 // Deepest nesting of arrays and objects, scanning outside strings; stops past `limit`.
 uint64_t nesting_depth(const std::string& text, uint64_t limit) {
   uint64_t depth = 0, deepest = 0;
@@ -185,8 +216,9 @@ Manifest parse_manifest(const std::string& text, uint64_t max_depth) {
   m.format_version = get_int(doc, "format_version", "");
   if (m.format_version < kFormatVersion)
     fail("format_version " + std::to_string(m.format_version) + " is not supported (this runtime reads " +
-         std::to_string(kFormatVersion) + "): the archive predates the versioned kernel launch ABI; "
-         "rebuild it with this aotpack");
+         std::to_string(kFormatVersion) + "): the archive is from an older aotpack (" +
+         (m.format_version < 2 ? "before the versioned kernel launch ABI" : "before weight aliases") +
+         "); rebuild it with this aotpack");
   if (m.format_version != kFormatVersion)
     fail("format_version " + std::to_string(m.format_version) + " is not supported (this runtime reads " +
          std::to_string(kFormatVersion) + "): use a newer aotpack runtime");
@@ -209,7 +241,13 @@ Manifest parse_manifest(const std::string& text, uint64_t max_depth) {
   m.files = get_files(doc);
   if (!m.files.count(m.model_library))
     bad("model.library", "'" + m.model_library + "' is not one of the archive's files");
+  m.weight_aliases = get_weight_aliases(doc);
   return m;
+}
+
+const std::string& stored_name(const Manifest& manifest, const std::string& name) {
+  auto it = manifest.weight_aliases.find(name);
+  return it == manifest.weight_aliases.end() ? name : it->second;
 }
 
 void check_limits(const Manifest& manifest, const Limits& limits) {

@@ -35,6 +35,9 @@ struct Manifest {
   int64_t model_abi_version = 0;
   std::vector<TensorSpec> constants, inputs, outputs;
   std::vector<std::string> mutated_buffers;
+  // weight_aliases: constant name -> the tensor of weights.safetensors holding its bytes
+  // (tied or repeated weights are stored once). No target is itself an alias.
+  std::map<std::string, std::string> weight_aliases;
   std::unordered_map<std::string, FileRecord> files;
   std::string text;  // manifest.json as stored
 };
@@ -43,7 +46,8 @@ struct Manifest {
 /// Checks format_version first (so a newer format gets a clear message rather than a
 /// missing-key error), then every key the runtime uses: `files` paths are safe relative
 /// paths other than the manifest entries, digests are 64 lower-case hex digits, and
-/// model.library is one of the files. Throws aotpack::Error naming the key
+/// model.library is one of the files; weight_aliases (optional) maps strings to strings
+/// without chains or cycles. Throws aotpack::Error naming the key
 /// ("manifest.json: inputs[0].dtype: ...").
 Manifest parse_manifest(const std::string& text, uint64_t max_depth = 64);
 
@@ -52,5 +56,9 @@ void check_limits(const Manifest& manifest, const Limits& limits);
 
 /// True for the entries that carry the manifest itself (never listed in `files`).
 bool is_manifest_entry(const std::string& path);
+
+/// The tensor of weights.safetensors that holds constant `name`: its alias target, or
+/// `name` itself.
+const std::string& stored_name(const Manifest& manifest, const std::string& name);
 
 }  // namespace aotpack::detail

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include "aotpack/runtime.h"
 #include "compat.h"
@@ -117,15 +118,24 @@ std::vector<at::Tensor> make_constants(const detail::Manifest& manifest, const s
   } catch (const Error& e) {
     fail(std::string(detail::kWeightsPath) + ": " + e.what());
   }
-  std::vector<at::Tensor> constants;
+  for (const auto& [name, target] : manifest.weight_aliases) {
+    if (views.count(name))
+      fail("weight alias '" + name + "' is also a tensor in " + detail::kWeightsPath +
+           "; a name is either stored or an alias");
+    if (!views.count(target))
+      fail("weight alias '" + name + "' -> '" + target + "': no such tensor in " + detail::kWeightsPath);
+  }
+  std::vector<at::Tensor> constants;  // aliases of one tensor view the same mapped bytes
   for (const TensorSpec& spec : manifest.constants) {
-    auto it = views.find(spec.name);
+    const std::string& stored = detail::stored_name(manifest, spec.name);
+    auto it = views.find(stored);
     if (it == views.end())
       fail("constant '" + spec.name + "' is missing from " + detail::kWeightsPath);
     const detail::SafeTensorView& view = it->second;
     if (view.dtype != spec.dtype || view.shape != spec.shape)
-      fail("constant '" + spec.name + "': " AOTPACK_MANIFEST_PATH " says " + describe(spec.dtype, spec.shape) +
-           ", " + detail::kWeightsPath + " holds " + describe(view.dtype, view.shape));
+      fail("constant '" + spec.name + "'" + (stored == spec.name ? "" : " (stored as '" + stored + "')") +
+           ": " AOTPACK_MANIFEST_PATH " says " + describe(spec.dtype, spec.shape) + ", " +
+           detail::kWeightsPath + " holds " + describe(view.dtype, view.shape));
     constants.push_back(tensor_from_bytes(spec, view.data, weights));
   }
   return constants;
@@ -136,6 +146,13 @@ void check_mutated_buffers(const detail::Manifest& manifest) {
     bool found = false;
     for (const TensorSpec& c : manifest.constants) found = found || c.name == name;
     if (!found) fail("mutated buffer '" + name + "' is not among the constants");
+  }
+  std::set<std::string> targets;
+  for (const auto& [alias, target] : manifest.weight_aliases) targets.insert(target);
+  for (const std::string& name : manifest.mutated_buffers) {
+    if (manifest.weight_aliases.count(name) || targets.count(name))
+      fail("mutated buffer '" + name + "' shares its weights with another name (weight_aliases); "
+           "a buffer the model writes must be stored on its own");
   }
 }
 

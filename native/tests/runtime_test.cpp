@@ -203,8 +203,14 @@ void test_manifest() {
   EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()),
                 "format_version 1 is not supported (this runtime reads " +
                     std::to_string(AOTPACK_FORMAT_VERSION) +
-                    "): the archive predates the versioned kernel launch ABI; rebuild it with this "
-                    "aotpack");
+                    "): the archive is from an older aotpack (before the versioned kernel launch "
+                    "ABI); rebuild it with this aotpack");
+  j["format_version"] = 2;  // before weight aliases
+  EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()),
+                "format_version 2 is not supported (this runtime reads " +
+                    std::to_string(AOTPACK_FORMAT_VERSION) +
+                    "): the archive is from an older aotpack (before weight aliases); rebuild it with "
+                    "this aotpack");
   j = minimal_manifest();
   j.erase("name");
   EXPECT_THROWS(aotpack::detail::parse_manifest(j.dump()), AOTPACK_MANIFEST_PATH ": name: missing");

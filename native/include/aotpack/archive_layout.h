@@ -12,7 +12,7 @@
 #ifndef AOTPACK_ARCHIVE_LAYOUT_H
 #define AOTPACK_ARCHIVE_LAYOUT_H
 
-#define AOTPACK_FORMAT_VERSION 2
+#define AOTPACK_FORMAT_VERSION 3
 
 #define AOTPACK_MANIFEST_PATH           "manifest.json"
 #define AOTPACK_MANIFEST_DIGEST_PATH    "manifest.sha256"
