@@ -3,9 +3,12 @@
 The run executes extern calls with torch and fused kernels through the backend's
 launcher, on copies of the user's real inputs (the example inputs, then any
 ``calibration_inputs()`` sets). Where a kernel with several candidates is reached,
-every candidate is timed on the very tensors it receives there (warm-up, interleaved
-rounds, median); the candidate fastest on average over the sets wins, is recorded in
-``optimize_tiling`` and the others are released. Kernels write only their own fresh
+every candidate is timed on the very tensors it receives there (``aotpack.timing``:
+interleaved rounds, a low-quantile estimate, preempted samples detected and re-timed);
+``timing.decide`` picks the winner over the sets (a close call goes to fewer threads,
+then to the solver's order), it is recorded in ``optimize_tiling`` and the others are
+released. Kernels whose timing stayed contended are named in one warning per build and
+marked ``timing_contended`` in the manifest. Kernels write only their own fresh
 output buffers, never their inputs, so repeated timed launches cannot compound.
 Kernels the run never reaches are *unvisited* and use candidate 0. With one
 candidate, it goes straight to ``optimize_tiling`` without timing.
@@ -13,12 +16,11 @@ candidate, it goes straight to ``optimize_tiling`` without timing.
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from aotpack import timing
 from aotpack.compile import CompiledSet
 from aotpack.errors import AotpackError
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
@@ -27,54 +29,31 @@ log = logging.getLogger("aotpack")
 #: Per-candidate timing lines (``aotpack -v`` shows them on the command line).
 detail = logging.getLogger("aotpack.autotune")
 
-WARMUP_LAUNCHES = 3
-ROUNDS = 15
-#: Launches per timed sample: enough that launch overhead (~0.5 us through ctypes) and
-#: timer resolution stay small next to the kernel.
-MIN_SAMPLE_NS = 50_000
-#: A winner whose slowest timed round is this many times its median was measured on
-#: a busy machine: say so, since the choice is cached.
-NOISY_SPREAD = 3.0
-
-
 @dataclass(frozen=True)
 class Choice:
     """The tuning result of one kernel: winner index, timings (us per candidate; empty
-    when not timed), whether the inputs reached it, and whether it came from the cache."""
+    when not timed), whether the inputs reached it, whether it came from the cache, and
+    whether its timing was contended (other processes took the CPU: ``aotpack.timing``)."""
 
     index: int
     timings_us: tuple
     visited: bool
     cached: bool
+    contended: bool = False
 
 
-def time_candidates(launcher, keys: list[str], args) -> tuple[list[float], list[float]]:
-    """(median us per launch, max/median spread) of each candidate, rounds interleaved.
+def time_candidates(launcher, keys: list[str], args) -> timing.Timing:
+    """Time each candidate (interleaved rounds, preemption-aware, re-timed while noisy).
 
     Args:
         launcher: a backend ``Launcher`` with every candidate loaded.
-        keys: the candidates' kernel_keys. args: ``launcher.arguments(tensors)``.
+        keys: the candidates' kernel_keys, in the cost order. args: ``launcher.arguments(tensors)``.
+
+    Returns:
+        ``timing.Timing``: ``estimates_us`` per candidate, ``contended``; pass a list of
+        them with the candidates' block_dims to ``timing.decide`` for the winner.
     """
-    launches = {}
-    for key in keys:
-        start = time.perf_counter_ns()
-        for _ in range(WARMUP_LAUNCHES):
-            launcher.launch(key, args)
-        launcher.synchronize()
-        per_launch = max(1, (time.perf_counter_ns() - start) // WARMUP_LAUNCHES)
-        launches[key] = max(1, min(1000, MIN_SAMPLE_NS // per_launch))
-    samples = {key: [] for key in keys}
-    for _ in range(ROUNDS):
-        for key in keys:
-            count = launches[key]
-            start = time.perf_counter_ns()
-            for _ in range(count):
-                launcher.launch(key, args)
-            launcher.synchronize()
-            samples[key].append((time.perf_counter_ns() - start) / count / 1000.0)
-    medians = [statistics.median(samples[key]) for key in keys]
-    spreads = [max(samples[key]) / m for key, m in zip(keys, medians)]
-    return medians, spreads
+    return timing.measure(launcher, keys, args)
 
 
 def _view(env, parts) -> torch.Tensor:
@@ -121,7 +100,7 @@ class PythonModeRun:
 
     A kernel still to be tuned times every candidate on the tensors it receives in each
     input set and runs with candidate 0 meanwhile (all candidates compute the same
-    values); ``choose`` then picks the candidate with the lowest mean time over the sets.
+    values); ``choose`` then picks the winner over the sets (``timing.decide``).
     """
 
     def __init__(self, graph: Graph, compiled: dict[str, CompiledSet], backend, on_tuned=None,
@@ -133,6 +112,7 @@ class PythonModeRun:
         self.samples: dict[str, list] = {}
         self.winners: dict[str, int] = {kid: c.cached_choice[0] for kid, c in compiled.items() if c.cached_choice}
         self.timings: dict[str, tuple] = {}
+        self.contended: set[str] = set()
         self.on_tuned = on_tuned
         self.captured = captured
         self.to_tune = sum(1 for kid, c in compiled.items()
@@ -193,24 +173,33 @@ class PythonModeRun:
         launcher.launch(candidates[self.winners.get(kid, 0)].kernel_key, args)
 
     def choose(self) -> None:
-        """Pick and record the winner of every kernel that was timed; release the others."""
+        """Pick and record the winner of every kernel that was timed; release the others.
+        One warning names the kernels whose timing stayed contended."""
+        contended = []
         for kid, samples in self.samples.items():
             c = self.compiled[kid]
             cs, name = c.candidate_set, c.candidate_set.kernel.name
-            timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(cs.candidates))]
-            spreads = [max(s[1][i] for s in samples) for i in range(len(cs.candidates))]
-            for index, (candidate, us) in enumerate(zip(cs.candidates, timings)):
-                detail.info("%s candidate %d (%s): Timing %.2f us", name, index, candidate.tiling_repr, us)
-            best = min(range(len(timings)), key=timings.__getitem__)
-            c.folder.write_choice(list(cs.candidates), best, timings)
+            decision = timing.decide(samples, [cand.block_dim for cand in cs.candidates])
+            shares = [min(s.clean_shares[i] for s in samples) for i in range(len(cs.candidates))]
+            for index, (candidate, us) in enumerate(zip(cs.candidates, decision.estimates_us)):
+                detail.info("%s candidate %d (%s): Timing %.2f us (%.0f%% of samples clean)", name, index,
+                            candidate.tiling_repr, us, 100 * shares[index])
+            best = decision.index
+            c.folder.write_choice(list(cs.candidates), best, list(decision.estimates_us), decision.contended)
             self.winners[kid] = best
-            self.timings[kid] = tuple(timings)
+            self.timings[kid] = decision.estimates_us
             self._launcher(kid).release(cs.candidates[best].kernel_key)
+            if best != decision.fastest:
+                detail.info("%s: candidate %d is not clearly faster than candidate %d (fewer threads or "
+                            "first in the solver's order): keeping %d", name, decision.fastest, best, best)
             log.info("Autotune completed %s, best kernel index: %d", name, best)
-            if spreads[best] > NOISY_SPREAD:
-                log.warning("%s: timings were noisy (slowest round %.1fx the median); the machine may be "
-                            "busy. The choice is cached: rebuild with --retune on an idle machine to re-time",
-                            name, spreads[best])
+            if decision.contended:
+                self.contended.add(kid)
+                contended.append(name)
+        if contended:
+            log.warning("timing was contended (other processes took the CPU) for %d kernel%s: %s; their "
+                        "choices may differ on an idle machine and are cached: rebuild with --retune when "
+                        "it is idle", len(contended), "" if len(contended) == 1 else "s", ", ".join(contended))
         self.samples.clear()
 
 
@@ -239,9 +228,10 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
     choices = {}
     for kid, c in compiled.items():
         if c.cached_choice:
-            choices[kid] = Choice(c.cached_choice[0], tuple(c.cached_choice[1]), kid in visited, True)
+            choices[kid] = Choice(c.cached_choice[0], tuple(c.cached_choice[1]), kid in visited, True,
+                                  bool(c.cached_choice[2]))
         elif kid in runner.timings:
-            choices[kid] = Choice(runner.winners[kid], runner.timings[kid], True, False)
+            choices[kid] = Choice(runner.winners[kid], runner.timings[kid], True, False, kid in runner.contended)
         elif kid in visited:  # one candidate: straight to optimize_tiling, no profiling
             c.folder.write_choice(list(c.candidate_set.candidates), 0, [])
             choices[kid] = Choice(0, (), True, False)

@@ -230,11 +230,12 @@ class KernelFolder:
 
     @property
     def timings(self) -> Path:
-        """``{"candidates": [kernel_key...], "timings_us": [...]}`` of the choice."""
+        """``{"candidates": [kernel_key...], "timings_us": [...], "contended": bool}`` of the choice."""
         return self.path / "timings.json"
 
-    def read_choice(self, candidates: list) -> tuple[int, list[float]] | None:
-        """(winner index, timings) recorded for exactly these candidates, if any."""
+    def read_choice(self, candidates: list) -> tuple[int, list[float], bool] | None:
+        """(winner index, timings, whether the timing was contended) recorded for exactly
+        these candidates, if any."""
         try:
             text = self.optimize_tiling.read_text().strip()
             record = json.loads(self.timings.read_text())
@@ -246,13 +247,14 @@ class KernelFolder:
         for index, candidate in enumerate(candidates):
             if candidate.optimize_tiling == text:
                 timings = record.get("timings_us")
-                return index, (timings if isinstance(timings, list) else [])
+                return index, (timings if isinstance(timings, list) else []), record.get("contended") is True
         return None
 
-    def write_choice(self, candidates: list, index: int, timings_us: list[float]) -> None:
-        """Record the winner (``optimize_tiling``) and what it was chosen among."""
+    def write_choice(self, candidates: list, index: int, timings_us: list[float], contended: bool = False) -> None:
+        """Record the winner (``optimize_tiling``), what it was chosen among, and whether
+        other processes disturbed its timing (``aotpack.timing``)."""
         record = {"candidates": [c.kernel_key for c in candidates],
-                  "timings_us": [round(t, 3) for t in timings_us]}
+                  "timings_us": [round(t, 3) for t in timings_us], "contended": bool(contended)}
         write_atomic(self.timings, json.dumps(record))
         write_atomic(self.optimize_tiling, candidates[index].optimize_tiling + "\n")
 

@@ -19,7 +19,7 @@ from aotpack.candidates import CandidateSet
 class CompiledSet:
     """Where one kernel's compiled candidates live.
 
-    ``cached_choice``: (winner index, timings us) recorded by an earlier build for the
+    ``cached_choice``: (winner index, timings us, contended) recorded by an earlier build for the
     same candidates, or None when the kernel must be timed.
     """
 

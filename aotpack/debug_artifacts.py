@@ -4,7 +4,8 @@ Per build ``<debug dir>/<name>/``: ``model.cpp``, ``kernels.ir``, and per kernel
 ``kernels/<kernel>/``: every candidate's ``kernel.cpp``, ``wrapper.cpp``, ``compile.sh``
 (the exact compile commands, runnable), ``inputs.pt`` (the tensors the kernel received
 during the Python-mode run: inputs, then outputs) and ``benchmark.py`` (loads the
-compiled candidates from the build cache and times them as autotuning did).
+compiled candidates from the build cache, times them and picks the winner as autotuning
+did: ``aotpack.timing``).
 """
 from __future__ import annotations
 
@@ -22,19 +23,24 @@ from pathlib import Path
 import torch
 
 from aotpack import backends
+from aotpack import timing
 from aotpack.autotune import time_candidates
 
 HERE = Path(__file__).resolve().parent
 CACHE_FOLDER = Path({folder!r})
-CANDIDATES = {candidates!r}  # (kernel_key, tiling_repr)
+CANDIDATES = {candidates!r}  # (kernel_key, tiling_repr, block_dim)
 
 backend = backends.get({backend!r})
 launcher = backend.load_wrapper(CACHE_FOLDER / "wrapper.so", CACHE_FOLDER, {name!r})
 tensors = torch.load(HERE / "inputs.pt")
-medians, spreads = time_candidates(launcher, [key for key, _ in CANDIDATES], launcher.arguments(tensors))
-for index, ((key, tiling_repr), us) in enumerate(zip(CANDIDATES, medians)):
-    print(f"{name} candidate {{index}} ({{tiling_repr}}): Timing {{us:.2f}} us")
-print(f"best kernel index: {{min(range(len(medians)), key=medians.__getitem__)}}")
+measured = time_candidates(launcher, [key for key, _, _ in CANDIDATES], launcher.arguments(tensors))
+decision = timing.decide([measured], [block_dim for _, _, block_dim in CANDIDATES])
+for index, ((key, tiling_repr, _), us, clean) in enumerate(zip(CANDIDATES, decision.estimates_us,
+                                                                measured.clean_shares)):
+    print(f"{name} candidate {{index}} ({{tiling_repr}}): Timing {{us:.2f}} us ({{clean:.0%}} of samples clean)")
+if decision.contended:
+    print("timing contended: other processes took the CPU; re-run on an idle machine")
+print(f"best kernel index: {{decision.index}}")
 '''
 
 
@@ -61,7 +67,7 @@ def write(debug_dir: Path, name: str, graph, compiled: dict, toolchain, backend_
             torch.save(captured[kid], folder / "inputs.pt")
             cache.write_atomic(folder / "benchmark.py", _BENCHMARK.format(
                 name=cs.kernel.name, folder=str(c.folder.path), backend=backend_name,
-                candidates=[(cand.kernel_key, cand.tiling_repr) for cand in cs.candidates]))
+                candidates=[(cand.kernel_key, cand.tiling_repr, cand.block_dim) for cand in cs.candidates]))
     cache.write_atomic(root / "model.cpp", model_source)
     cache.write_atomic(root / "kernels.ir", graph.dump())
     return root

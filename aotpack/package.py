@@ -70,6 +70,7 @@ def kernel_entries(candidate_sets: dict, choices: dict) -> list[dict]:
             "workspace": win.workspace, "block_dim": win.block_dim, "candidates": len(cs.candidates),
             "candidate_tilings": [c.tiling_repr for c in cs.candidates],
             "timings_us": [round(t, 3) for t in choice.timings_us], "visited": choice.visited,
+            "timing_contended": choice.contended,
             "lib_kernel": layout.lib_kernel_path(name, win.kernel_key), "wrapper": layout.wrapper_path(name),
         })
     return entries

@@ -9,7 +9,7 @@ from collections import Counter
 
 #: Columns of the kernel table, in order (the keys of :func:`kernel_rows`' rows).
 KERNEL_COLUMNS = ("kernel", "kernel_id", "block_dim", "tiling_repr", "candidates", "best_us", "worst_us",
-                  "visited")
+                  "visited", "timing")
 KERNEL_ID_CHARS = 12
 _BRANCH = re.compile(r"^(?:(?:then|else)\s+)*")
 _HEADER = re.compile(r"(\d+) kernel launches of \d+ distinct kernels")
@@ -46,15 +46,26 @@ def launch_sites(kernel_ir: str) -> int:
 
 def kernel_rows(kernels: list[dict]) -> list[dict]:
     """One row per distinct kernel of the manifest's ``kernels``: ``KERNEL_COLUMNS``, times
-    in microseconds (None when the kernel was not timed: one candidate, or unvisited)."""
+    in microseconds (None when the kernel was not timed: one candidate, or unvisited).
+    ``timing``: ``contended`` (other processes took the CPU while it was timed: the
+    manifest's ``timing_contended``), ``ok``, or None (not timed, or an archive from an
+    aotpack that did not record it)."""
     rows = []
     for k in kernels:
         timings = [t for t in k.get("timings_us") or [] if isinstance(t, (int, float))]
         rows.append({"kernel": k.get("name"), "kernel_id": str(k.get("kernel_id", ""))[:KERNEL_ID_CHARS],
                      "block_dim": k.get("block_dim"), "tiling_repr": k.get("tiling_repr"),
                      "candidates": k.get("candidates"), "best_us": min(timings) if timings else None,
-                     "worst_us": max(timings) if timings else None, "visited": bool(k.get("visited", True))})
+                     "worst_us": max(timings) if timings else None, "visited": bool(k.get("visited", True)),
+                     "timing": _timing_state(k, bool(timings))})
     return rows
+
+
+def _timing_state(kernel: dict, timed: bool) -> str | None:
+    contended = kernel.get("timing_contended")
+    if not timed or not isinstance(contended, bool):
+        return None
+    return "contended" if contended else "ok"
 
 
 def build_report(manifest: dict, kernel_ir: str | None) -> dict:
@@ -73,6 +84,8 @@ def _cell(value, column: str) -> str:
         return "-" if value is None else f"{value:.2f}"
     if column == "visited":
         return "yes" if value else "no"
+    if column == "timing":
+        return "-" if value is None else value
     return "" if value is None else str(value)
 
 
@@ -101,6 +114,11 @@ def text_lines(report: dict) -> list[str]:
     lines = [f"  {kernel_summary(report)}:" if report["kernels"] else f"  {kernel_summary(report)}"]
     if report["kernels"]:
         lines += table(report["kernels"], KERNEL_COLUMNS)
+        contended = [row["kernel"] for row in report["kernels"] if row["timing"] == "contended"]
+        if contended:
+            lines.append(f"  timing contended for {_count(len(contended), 'kernel')} (other processes took the "
+                         "CPU while they were timed; the choice may differ on an idle machine: rebuild with "
+                         "--retune)")
     externs = report["extern_calls"]
     if externs:
         total = sum(e["count"] for e in externs)

@@ -1,0 +1,283 @@
+"""Timing a kernel's candidates so that a busy machine cannot fool the choice (PGO statistics).
+
+``measure`` times every candidate of one kernel on one input set:
+
+* warm-up launches, each timed on its own; the fastest sets the launches per sample
+  (enough for ``MIN_SAMPLE_NS``, so a warm-up that was preempted cannot shrink it);
+* interleaved rounds, the candidate order rotated each round, so slow drift (another
+  process starting, the clock changing) hits every candidate alike;
+* around every sample, the time this process's threads spent runnable but waiting on
+  the run queue (``run_delay`` of ``/proc/self/task/*/schedstat``: the direct signal of
+  preemption; where that file is missing, wall time minus this thread's CPU time). A
+  sample whose threads waited more than ``CLEAN_DELAY_SHARE`` of its wall time is
+  *contended*;
+* re-timing (up to ``MAX_ATTEMPTS`` attempts of ``ROUNDS`` rounds, within
+  ``ATTEMPT_BUDGET_S``) while a candidate has too few clean samples or its fast samples
+  disagree (``DISAGREE``). A kernel still short of clean samples after that is
+  ``Timing.contended``.
+
+``decide`` picks the winner over one or more ``Timing`` (input sets): the candidate
+fewest threads first, then first in the cost order (the solver's order), that no other
+candidate is *clearly faster* than — faster by ``TIE_MARGIN`` on the estimate and in at
+least ``WIN_SHARE`` of the rounds where both samples were clean. Close calls and
+contended comparisons go to the preferred candidate, so the choice is reproducible.
+
+Estimate: the ``LOW_QUANTILE`` quantile of a candidate's samples, not the mean or median.
+A candidate is deterministic work on fixed tensors; every source of noise (preemption,
+interrupts, another process's cache traffic, an OpenMP thread woken late) only *adds*
+time, so the fastest samples are the least disturbed ones and the right tail measures
+the machine, not the kernel. The median moves with the load (a 2-thread kernel whose
+second thread waits for a time slice reads ~24 ms instead of ~20 us on a 2-core host
+running one other busy process); a low quantile does not while some samples are clean.
+Not the bare minimum: one sample cut short by timer granularity or a lucky cache state
+would decide alone; the 0.2 quantile needs a few fast samples that agree.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+WARMUP_LAUNCHES = 3
+ROUNDS = 15
+#: Launches per timed sample: enough that launch overhead (~0.5 us through ctypes) and
+#: timer resolution stay small next to the kernel.
+MIN_SAMPLE_NS = 50_000
+MAX_LAUNCHES_PER_SAMPLE = 1000
+#: A sample whose threads waited on the run queue longer than this share of its wall
+#: time was preempted (contended); an idle machine shows ~0 (OpenMP wake-ups: a few us).
+CLEAN_DELAY_SHARE = 0.05
+#: A candidate needs this share of clean samples for its estimate to be trusted.
+MIN_CLEAN_SHARE = 1 / 3
+LOW_QUANTILE = 0.2
+#: Fast samples disagree (re-time) when the estimate exceeds the fastest sample this much.
+DISAGREE = 1.25
+MAX_ATTEMPTS = 3
+#: No further attempt once one kernel's timing has taken this long (a preempted 2-thread
+#: launch can cost a whole time slice, ~24 ms): bounds the build time on a busy machine.
+ATTEMPT_BUDGET_S = 1.0
+#: Pauses before re-timing attempts 2, 3 (s): a short burst of load may pass meanwhile.
+RETRY_PAUSE_S = (0.02, 0.05)
+#: A candidate is clearly faster only by more than this share of the other's estimate...
+TIE_MARGIN = 0.03
+#: ...and in at least this share of the rounds in which both samples were clean.
+WIN_SHARE = 0.75
+
+
+class RunDelayProbe:
+    """Nanoseconds this process's threads have waited on the run queue (monotonic).
+
+    Reads field 2 (``run_delay``) of ``/proc/self/task/<tid>/schedstat`` for the threads
+    present at ``open`` (the OpenMP pool exists after the warm-up launches), through
+    open descriptors (~1.5 us a read). Without schedstat (not Linux, or a kernel without
+    ``CONFIG_SCHED_INFO``) it falls back to wall time minus this thread's CPU time:
+    blind to a late OpenMP worker, but it still sees the launching thread preempted.
+    """
+
+    def __init__(self):
+        self._fds: list[int] = []
+        self._fallback = False
+
+    def open(self) -> None:
+        """(Re)open the schedstat of every current thread."""
+        self.close()
+        try:
+            for tid in os.listdir("/proc/self/task"):
+                self._fds.append(os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY))
+            self.read()
+        except (OSError, ValueError, IndexError):
+            self.close()
+            self._fallback = True
+
+    def read(self) -> int:
+        """Total run-queue wait so far (ns)."""
+        if self._fallback:
+            return time.perf_counter_ns() - time.thread_time_ns()
+        total = 0
+        for fd in self._fds:
+            try:
+                total += int(os.pread(fd, 128, 0).split()[1])
+            except OSError:  # the thread ended
+                pass
+        return total
+
+    def close(self) -> None:
+        """Release the descriptors."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+
+@dataclass
+class Timing:
+    """Samples of one kernel's candidates on one input set.
+
+    ``us[c][r]``: microseconds per launch of candidate ``c`` in round ``r`` (every
+    candidate is timed once per round). ``clean[c][r]``: that sample was not preempted.
+    ``attempts``: how many times the rounds were run (1 = no re-timing).
+    """
+
+    us: list[list[float]]
+    clean: list[list[bool]]
+    attempts: int = 1
+    waited_us: list[list[float]] = field(default_factory=list)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds timed (over all attempts)."""
+        return len(self.us[0]) if self.us else 0
+
+    @property
+    def estimates_us(self) -> list[float]:
+        """``LOW_QUANTILE`` of each candidate's samples (us per launch)."""
+        return [low_quantile(samples) for samples in self.us]
+
+    @property
+    def clean_shares(self) -> list[float]:
+        """Share of each candidate's samples that were not preempted."""
+        return [sum(flags) / len(flags) if flags else 0.0 for flags in self.clean]
+
+    @property
+    def spreads(self) -> list[float]:
+        """Slowest sample / estimate per candidate (how noisy the machine was)."""
+        return [max(samples) / low_quantile(samples) for samples in self.us]
+
+    def contended_candidates(self) -> list[int]:
+        """Candidates with fewer than ``MIN_CLEAN_SHARE`` clean samples."""
+        return [c for c, share in enumerate(self.clean_shares) if share < MIN_CLEAN_SHARE]
+
+    def disagreeing_candidates(self) -> list[int]:
+        """Candidates whose estimate exceeds their fastest sample by more than ``DISAGREE``."""
+        return [c for c, samples in enumerate(self.us) if low_quantile(samples) > DISAGREE * min(samples)]
+
+    @property
+    def contended(self) -> bool:
+        """Some candidate's samples were mostly preempted: its estimate may be too slow."""
+        return bool(self.contended_candidates())
+
+    def extend(self, other: "Timing") -> None:
+        """Append ``other``'s rounds (a re-timing attempt) to these."""
+        for mine, theirs in ((self.us, other.us), (self.clean, other.clean), (self.waited_us, other.waited_us)):
+            for c, values in enumerate(theirs):
+                mine[c].extend(values)
+        self.attempts += other.attempts
+
+
+def low_quantile(samples: list[float]) -> float:
+    """The ``LOW_QUANTILE`` order statistic of ``samples`` (index ``floor(q * (n - 1))``
+    of the sorted values; n = 15 gives the 3rd fastest). Raises ValueError when empty."""
+    if not samples:
+        raise ValueError("no samples")
+    ordered = sorted(samples)
+    return ordered[int(LOW_QUANTILE * (len(ordered) - 1))]
+
+
+def _launches_per_sample(launcher, key: str, args, clock) -> int:
+    fastest = None
+    for _ in range(WARMUP_LAUNCHES):
+        start = clock()
+        launcher.launch(key, args)
+        launcher.synchronize()
+        elapsed = max(1, clock() - start)
+        fastest = elapsed if fastest is None else min(fastest, elapsed)
+    return max(1, min(MAX_LAUNCHES_PER_SAMPLE, MIN_SAMPLE_NS // fastest))
+
+
+def _rounds(launcher, keys: list[str], args, launches: dict, probe, clock, rounds: int) -> Timing:
+    n = len(keys)
+    us = [[0.0] * rounds for _ in keys]
+    waited = [[0.0] * rounds for _ in keys]
+    for r in range(rounds):
+        for i in range(n):
+            c = (r + i) % n  # rotate the order: each candidate leads in turn
+            key, count = keys[c], launches[keys[c]]
+            delay = probe.read()
+            start = clock()
+            for _ in range(count):
+                launcher.launch(key, args)
+            launcher.synchronize()
+            elapsed = clock() - start
+            us[c][r] = elapsed / count / 1000.0
+            waited[c][r] = (probe.read() - delay) / 1000.0
+    clean = [[w <= CLEAN_DELAY_SHARE * t * launches[keys[c]] for w, t in zip(waited[c], us[c])] for c in range(n)]
+    return Timing(us, clean, 1, waited)
+
+
+def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter_ns, sleep=time.sleep) -> Timing:
+    """Time every candidate of one kernel on one set of tensors (see the module docstring).
+
+    Args:
+        launcher: anything with ``launch(key, args)`` and ``synchronize()`` (a backend
+            ``Launcher`` with every candidate loaded).
+        keys: the candidates' kernel_keys, in the cost order (the solver's).
+        args: what ``launch`` takes (``launcher.arguments(tensors)``).
+        probe: run-queue wait source with ``open``/``read``/``close`` (default
+            ``RunDelayProbe``); clock: ns timer; sleep: pause between attempts (s). For tests.
+
+    Returns:
+        A ``Timing`` of ``ROUNDS`` rounds per attempt.
+    """
+    probe = probe or RunDelayProbe()
+    launches = {key: _launches_per_sample(launcher, key, args, clock) for key in keys}
+    probe.open()
+    try:
+        started = clock()
+        timing = _rounds(launcher, keys, args, launches, probe, clock, ROUNDS)
+        while (timing.attempts < MAX_ATTEMPTS and (clock() - started) < ATTEMPT_BUDGET_S * 1e9
+               and (timing.contended_candidates() or timing.disagreeing_candidates())):
+            sleep(RETRY_PAUSE_S[min(timing.attempts - 1, len(RETRY_PAUSE_S) - 1)])
+            timing.extend(_rounds(launcher, keys, args, launches, probe, clock, ROUNDS))
+    finally:
+        probe.close()
+    return timing
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The choice among one kernel's candidates.
+
+    index: the winner. estimates_us: per candidate, the mean over input sets of its
+    ``LOW_QUANTILE`` estimate. contended: some input set's timing stayed contended.
+    fastest: the candidate with the lowest estimate (differs from ``index`` on a tie or
+    an unclear multi-thread advantage).
+    """
+
+    index: int
+    estimates_us: tuple
+    contended: bool
+    fastest: int
+
+
+def clearly_faster(a: int, b: int, timings: list[Timing], estimates: list[float]) -> bool:
+    """Candidate ``a`` beats ``b`` by more than ``TIE_MARGIN`` on the estimate and in at
+    least ``WIN_SHARE`` of the rounds (all sets) where both samples were clean; never
+    without such a round."""
+    if not estimates[a] < estimates[b] * (1.0 - TIE_MARGIN):
+        return False
+    wins = both = 0
+    for t in timings:
+        for ua, ub, ca, cb in zip(t.us[a], t.us[b], t.clean[a], t.clean[b]):
+            if ca and cb:
+                both += 1
+                wins += ua < ub
+    return both > 0 and wins >= WIN_SHARE * both
+
+
+def decide(timings: list[Timing], block_dims: list[int]) -> Decision:
+    """The winner over ``timings`` (one per input set, same candidates in the same order).
+
+    Args:
+        block_dims: threads of each candidate (the preference: fewer first, then index).
+
+    Raises:
+        ValueError: no timings, or their candidate counts differ from ``block_dims``.
+    """
+    if not timings or any(len(t.us) != len(block_dims) for t in timings):
+        raise ValueError(f"decide: {len(timings)} timings for {len(block_dims)} candidates")
+    n = len(block_dims)
+    estimates = [sum(t.estimates_us[c] for t in timings) / len(timings) for c in range(n)]
+    preference = sorted(range(n), key=lambda c: (block_dims[c], c))
+    winner = next(c for c in preference
+                  if not any(clearly_faster(o, c, timings, estimates) for o in range(n) if o != c))
+    fastest = min(range(n), key=lambda c: (estimates[c], block_dims[c], c))
+    return Decision(winner, tuple(estimates), any(t.contended for t in timings), fastest)

@@ -1,0 +1,215 @@
+"""aotpack.timing: robust PGO statistics, driven by a fake launcher whose samples are scripted
+(no compiler, no real timing: every number below is exact)."""
+import pytest
+
+from aotpack import timing
+from aotpack.cache import KernelFolder
+from aotpack.timing import Timing, decide, measure
+
+pytestmark = pytest.mark.unit
+
+ROUNDS = timing.ROUNDS
+
+
+class FakeLauncher:
+    """Candidates whose launches take scripted times on a fake clock.
+
+    ``script[key]``: one ``(us, waited_us)`` per timed sample (launches beyond the script
+    repeat its last entry); warm-up launches take the first entry's ``us``. Every launch is
+    >= 50 us, so a sample is one launch. ``waited_us``: run-queue wait the fake probe
+    reports for that sample (preemption).
+    """
+
+    def __init__(self, script: dict):
+        self.script = script
+        self.now = 0
+        self.waited = 0
+        self.launches = {key: 0 for key in script}
+        self.order: list[str] = []
+
+    def clock(self) -> int:
+        return self.now
+
+    def launch(self, key, args) -> None:
+        n = self.launches[key] - timing.WARMUP_LAUNCHES
+        self.launches[key] += 1
+        samples = self.script[key]
+        us, waited = samples[0] if n < 0 else samples[min(n, len(samples) - 1)]
+        if n >= 0:
+            self.order.append(key)
+            self.waited += int(waited * 1000)
+        self.now += int(us * 1000)
+
+    def synchronize(self) -> None:
+        pass
+
+
+class FakeProbe:
+    def __init__(self, launcher: FakeLauncher):
+        self.launcher = launcher
+
+    def open(self):
+        pass
+
+    def read(self) -> int:
+        return self.launcher.waited
+
+    def close(self):
+        pass
+
+
+def run(script: dict, pauses: list | None = None) -> tuple[Timing, FakeLauncher]:
+    launcher = FakeLauncher(script)
+    sleep = (pauses.append if pauses is not None else (lambda s: None))
+    return measure(launcher, list(script), None, FakeProbe(launcher), launcher.clock, sleep), launcher
+
+
+def clean(us: float, rounds: int = ROUNDS) -> list:
+    return [(us, 0.0)] * rounds
+
+
+def test_rounds_are_interleaved_with_the_order_rotated_each_round():
+    result, launcher = run({"a": clean(100), "b": clean(200), "c": clean(300)})
+    assert result.attempts == 1 and result.rounds == ROUNDS
+    firsts = [launcher.order[3 * r] for r in range(ROUNDS)]
+    assert firsts == ["a", "b", "c"] * (ROUNDS // 3)
+    assert launcher.order[:6] == ["a", "b", "c", "b", "c", "a"]
+    assert result.estimates_us == [100.0, 200.0, 300.0]
+
+
+def test_outliers_do_not_move_the_estimate_or_the_winner():
+    slow = [(100.0, 0.0)] * ROUNDS
+    for r in (1, 6, 11):  # preempted samples: 200x slower, and the threads waited for it
+        slow[r] = (20000.0, 19900.0)
+    result, _ = run({"a": slow, "b": clean(130)})
+    assert result.estimates_us == [100.0, 130.0]
+    assert result.clean_shares == [12 / 15, 1.0] and not result.contended
+    assert result.attempts == 1  # 12 of 15 clean and the fast samples agree: no re-timing
+    assert decide([result], [1, 1]).index == 0
+
+
+def test_multi_thread_candidate_wins_when_clearly_faster_in_its_clean_rounds():
+    two = [(60.0, 0.0)] * ROUNDS
+    for r in range(0, ROUNDS, 3):  # every third round preempted: 20 ms, dirty
+        two[r] = (20000.0, 19950.0)
+    result, _ = run({"one": clean(100), "two": two})
+    assert result.clean_shares == [1.0, 10 / 15] and not result.contended
+    decision = decide([result], [1, 2])
+    assert (decision.index, decision.fastest, decision.contended) == (1, 1, False)
+    assert decision.estimates_us == (100.0, 60.0)
+
+
+def test_preempted_multi_thread_candidate_is_re_timed_then_flagged_contended_and_loses():
+    """Every sample of the 2-thread candidate was preempted, even ones that look fast: no
+    round compares it cleanly, so the 1-thread candidate keeps the choice."""
+    dirty = [(60.0, 30.0)] * ROUNDS  # waited 50% of its wall time
+    pauses = []
+    result, launcher = run({"one": clean(100), "two": dirty}, pauses)
+    assert result.attempts == timing.MAX_ATTEMPTS and result.rounds == timing.MAX_ATTEMPTS * ROUNDS
+    assert pauses == list(timing.RETRY_PAUSE_S)
+    assert result.contended_candidates() == [1] and result.contended
+    decision = decide([result], [1, 2])
+    assert (decision.index, decision.fastest, decision.contended) == (0, 1, True)
+
+
+def test_re_timing_stops_when_the_noise_clears():
+    noisy = [(20000.0, 19000.0)] * ROUNDS + [(60.0, 0.0)] * ROUNDS  # first attempt preempted, then idle
+    result, _ = run({"one": clean(100), "two": noisy})
+    assert result.attempts == 2 and not result.contended
+    assert result.clean_shares == [1.0, 0.5]
+    assert decide([result], [1, 2]).index == 1
+
+
+def test_disagreeing_fast_samples_are_re_timed():
+    spread = [(100.0, 0.0)] * 2 + [(140.0, 0.0)] * (ROUNDS - 2)
+    result, _ = run({"a": spread + clean(100), "b": clean(200)})
+    assert result.attempts == 2  # the 0.2 quantile (140) exceeded 1.25x the fastest (100)
+    assert result.estimates_us == [100.0, 200.0] and result.disagreeing_candidates() == []
+
+
+def test_re_timing_is_bounded_by_the_time_budget():
+    dirty = [(200_000.0, 190_000.0)] * ROUNDS  # 200 ms a launch: one attempt is 3 s
+    result, _ = run({"one": clean(100), "two": dirty})
+    assert result.attempts == 1 and result.contended
+
+
+def timing_of(*rows, dirty=()):
+    """A Timing from per-candidate sample lists; ``dirty``: (candidate, round) preempted."""
+    us = [list(row) for row in rows]
+    flags = [[(c, r) not in dirty for r in range(len(row))] for c, row in enumerate(rows)]
+    return Timing(us, flags)
+
+
+@pytest.mark.parametrize("two_us, winner", [(98.0, 0), (97.5, 0), (96.0, 1)])
+def test_ties_within_the_margin_go_to_fewer_threads(two_us, winner):
+    result = timing_of([100.0] * 5, [two_us] * 5)
+    assert decide([result], [1, 2]).index == winner
+
+
+def test_ties_between_equal_thread_counts_go_to_the_cost_order():
+    result = timing_of([100.0] * 5, [99.0] * 5, [99.5] * 5)
+    decision = decide([result], [2, 2, 2])
+    assert (decision.index, decision.fastest) == (0, 1)
+    assert decide([timing_of([100.0] * 5, [99.0] * 5)], [2, 1]).index == 1  # fewer threads first
+
+
+def test_an_advantage_not_clear_across_rounds_keeps_the_single_thread_candidate():
+    one = [100.0] * 10
+    two = [80.0] * 6 + [120.0] * 4  # 20% faster by the estimate, but wins only 6 of 10 rounds
+    assert decide([timing_of(one, two)], [1, 2]).index == 0
+    two = [80.0] * 8 + [120.0] * 2  # 8 of 10: clear
+    assert decide([timing_of(one, two)], [1, 2]).index == 1
+
+
+def test_dirty_rounds_do_not_count_as_wins():
+    one, two = [100.0] * 10, [80.0] * 10
+    dirty = {(1, r) for r in range(10)} - {(1, 0)}
+    assert decide([timing_of(one, two, dirty=dirty)], [1, 2]).index == 1  # one clean round, won
+    dirty.add((0, 0))
+    decision = decide([timing_of(one, two, dirty=dirty)], [1, 2])
+    assert (decision.index, decision.contended) == (0, True)  # no round where both were clean
+
+
+def test_decision_averages_input_sets_and_counts_their_rounds_together():
+    first = timing_of([100.0] * 5, [90.0] * 5)
+    second = timing_of([100.0] * 5, [150.0] * 5)
+    decision = decide([first, second], [1, 1])
+    assert decision.estimates_us == (100.0, 120.0) and decision.index == 0
+    assert decide([first, first], [1, 1]).index == 1
+
+
+def test_decide_rejects_mismatched_candidates():
+    with pytest.raises(ValueError, match="decide: 1 timings for 3 candidates"):
+        decide([timing_of([1.0], [2.0])], [1, 1, 1])
+
+
+def test_low_quantile_is_the_third_fastest_of_fifteen():
+    assert timing.low_quantile([float(v) for v in range(15, 0, -1)]) == 3.0
+    assert timing.low_quantile([7.0]) == 7.0
+    with pytest.raises(ValueError):
+        timing.low_quantile([])
+
+
+def test_run_delay_probe_reads_a_monotonic_wait():
+    probe = timing.RunDelayProbe()
+    probe.open()
+    try:
+        first = probe.read()
+        sum(range(100_000))
+        assert probe.read() >= first >= 0
+    finally:
+        probe.close()
+
+
+class _Candidate:
+    def __init__(self, name):
+        self.kernel_key, self.optimize_tiling = name * 4, f"{name}|0|1"
+
+
+def test_contended_flag_survives_the_cache(tmp_path):
+    folder = KernelFolder(tmp_path)
+    candidates = [_Candidate("a"), _Candidate("b")]
+    folder.write_choice(candidates, 1, [2.5, 1.25], contended=True)
+    assert folder.read_choice(candidates) == (1, [2.5, 1.25], True)
+    folder.write_choice(candidates, 0, [1.0, 2.0])
+    assert folder.read_choice(candidates) == (0, [1.0, 2.0], False)
