@@ -12,6 +12,7 @@ the result as JSON, docs/performance.md and a chart on request (bench_report).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import copy
 import gc
@@ -101,23 +102,36 @@ def _bytes_moved(module, inputs, reference) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def time_interleaved(runners: dict, inputs, rounds: int, calls: int, warmup: int) -> dict[str, list[float]]:
-    """Per variant the per-call latencies in us, over ``rounds`` rounds of ``calls`` calls
-    each (after ``warmup`` untimed calls); the variant order rotates every round."""
+def time_interleaved(runners: dict, inputs, rounds: int, calls: dict[str, int]) -> dict[str, list[float]]:
+    """Per variant the per-call latencies in us, over ``rounds`` rounds of ``calls[name]``
+    timed calls each (after a fifth as many untimed warm-up calls, at least one); the
+    variant order rotates every round."""
     names = list(runners)
     samples = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             run = runners[name]
-            for _ in range(warmup):
+            for _ in range(max(1, calls[name] // 5)):
                 run(*inputs)
-            for _ in range(calls):
+            for _ in range(calls[name]):
                 start = time.perf_counter()
                 run(*inputs)
                 samples[name].append((time.perf_counter() - start) * 1e6)
             time.sleep(SETTLE_S)  # let this variant's spinning pool threads park
     return samples
+
+
+def calls_per_round(runners: dict, inputs, budget_s: float, max_calls: int) -> dict[str, int]:
+    """Timed calls per round for each variant: about ``budget_s`` seconds of its calls
+    (from one timed call), between 3 and ``max_calls``."""
+    calls = {}
+    for name, run in runners.items():
+        start = time.perf_counter()
+        run(*inputs)
+        once = time.perf_counter() - start
+        calls[name] = max(3, min(max_calls, int(budget_s / max(once, 1e-6))))
+    return calls
 
 
 def bench_model(name: str, path: Path, threads: list[int], args) -> dict:
@@ -133,20 +147,32 @@ def bench_model(name: str, path: Path, threads: list[int], args) -> dict:
              "runs": {}}
     with tempfile.TemporaryDirectory(prefix="aotpack-peers-") as tmp:
         variants = {}
-        for variant in all_variants(args.topn):
+
+        def build(variant):
             work = Path(tmp) / variant.name
             work.mkdir()
             try:
-                built = variant.build(path, module, inputs, work)
+                return variant, variant.build(path, module, inputs, work), None
+            except Exception as exc:  # a peer that cannot take the model is a table entry
+                return variant, None, _one_line(exc)
+
+        chosen = all_variants(args.topn)
+        children = [v for v in chosen if getattr(v, "child_process", False)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(children))) as pool:
+            futures = [pool.submit(build, v) for v in children]
+            done = [build(v) for v in chosen if v not in children]  # in-process, meanwhile
+            done += [f.result() for f in futures]
+        for variant, built, error in sorted(done, key=lambda d: chosen.index(d[0])):
+            if error is None:
                 variants[variant.name] = variant
                 entry["variants"][variant.name] = {"build_s": built["build_s"], "size_bytes": built["size_bytes"],
                                                    "error": None}
                 if built.get("phases"):
                     entry["aotpack_phases"] = built["phases"]
                 status = f"{built['build_s']:.1f} s" if built["build_s"] is not None else "ok"
-            except Exception as exc:  # a peer that cannot take the model is a table entry
-                entry["variants"][variant.name] = {"build_s": None, "size_bytes": None, "error": _one_line(exc)}
-                status = "FAILED: " + _one_line(exc)
+            else:
+                entry["variants"][variant.name] = {"build_s": None, "size_bytes": None, "error": error}
+                status = "FAILED: " + error
             print(f"  [{name}] build {variant.name}: {status}", flush=True)
         for count in threads:
             entry["runs"][str(count)] = _bench_threads(name, variants, inputs, reference, count, args)
@@ -169,12 +195,8 @@ def _bench_threads(name: str, variants: dict, inputs, reference, threads: int, a
         except Exception as exc:
             runs[vname] = {"load_s": None, "max_abs_err": None, "error": _one_line(exc)}
     if runners:
-        probe = runners.get("eager") or next(iter(runners.values()))
-        start = time.perf_counter()
-        probe(*inputs)
-        once = time.perf_counter() - start
-        calls = max(3, min(args.max_calls, int(args.budget_s / max(once, 1e-6))))
-        samples = time_interleaved(runners, inputs, args.rounds, calls, warmup=max(1, calls // 5))
+        calls = calls_per_round(runners, inputs, args.budget_s, args.max_calls)
+        samples = time_interleaved(runners, inputs, args.rounds, calls)
         for vname, values in samples.items():
             runs[vname].update(bench_report.latency_stats(values))
     for runner in runners.values():
@@ -233,15 +255,20 @@ def _method(args, threads: list[int]) -> list[str]:
         "loaded, checked against eager and timed. Same thread count for all: torch.set_num_threads (eager, "
         "AOTInductor), ORT intra_op_num_threads, OpenVINO INFERENCE_NUM_THREADS, aotpack.load(device_limit=N).",
         f"{args.rounds} interleaved rounds, the variant order rotating each round; per round and variant "
-        f"about {args.budget_s:.2f} s of calls (3..{args.max_calls}) after a warm-up; median and p90 over all "
+        f"about {args.budget_s:.2f} s of calls (3..{args.max_calls}, from one timed call of that variant) after "
+        "a warm-up of a fifth as many; median and p90 over all "
         "timed calls (Python wall time per call, input conversion included), with a "
         f"{SETTLE_S * 1000:.0f} ms pause after each block so spinning thread pools park.",
         f"Outputs checked against eager PyTorch on the example inputs before timing: |out - eager| <= {ATOL} + "
         f"{RTOL} * |eager| elementwise; a variant that fails it (or fails to build) is reported, not timed.",
         "eager: torch.inference_mode. AOTInductor: torch.export + aoti_compile_and_package, fresh "
         "TORCHINDUCTOR_CACHE_DIR. ONNX Runtime: torch.onnx.export(dynamo=True), default CPU session. "
-        "OpenVINO: convert_model + compile_model('CPU', f32 precision hint, LATENCY hint). "
+        "OpenVINO: convert_model (TorchScript trace; the torch.export program where tracing fails) + "
+        "compile_model('CPU', f32 precision hint, LATENCY hint). "
         f"aotpack: aotpack.build with an empty private kernel cache, --topn {args.topn}, then aotpack.load.",
+        "Builds of one model run concurrently (the AOTInductor and aotpack child processes beside the "
+        "in-process ONNX export and OpenVINO conversion) to keep the wall time down; each build time "
+        "includes that contention.",
         f"Streaming bandwidth: median of torch copy_ of {STREAM_BYTES >> 20} MiB (read + write counted).",
         "The machine was shared with other engineers' builds and tests while this ran: absolute numbers "
         "are noisy (+-20-30 %); the interleaved ratios are the meaningful part.",
@@ -284,6 +311,16 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _publish(result: dict, args) -> None:
+    """Write the chart and the Markdown document that ``args`` ask for."""
+    if args.chart:
+        write_chart(result, args.chart)
+    if args.markdown:
+        document = args.markdown.read_text() if args.markdown.exists() else DEFAULT_INTRO
+        chart = os.path.relpath(args.chart, args.markdown.parent) if args.chart else None
+        _write_atomic(args.markdown, bench_report.splice(document, bench_report.markdown(result, chart)))
+
+
 def _parse_threads(raw: str) -> list[int]:
     try:
         values = [int(v) for v in raw.split(",") if v.strip()]
@@ -303,7 +340,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=0.25, help="seconds of calls per variant per round")
     parser.add_argument("--max-calls", type=int, default=200, help="most timed calls per variant per round")
     parser.add_argument("--topn", type=int, default=1, help="aotpack --topn (default 1)")
-    parser.add_argument("--json", type=Path, help="write the full result here")
+    parser.add_argument("--json", type=Path, help="write the full result here (after every model)")
+    parser.add_argument("--from-json", type=Path, metavar="IN",
+                        help="run nothing: regenerate --markdown / --chart from a saved --json result")
     parser.add_argument("--markdown", type=Path, help="regenerate this Markdown file (text above the marker kept)")
     parser.add_argument("--chart", type=Path, help="write the aotpack / best peer bar chart (PNG) here")
     args = parser.parse_args(argv)
@@ -320,6 +359,14 @@ def main(argv=None) -> int:
             print(f"error: {out.parent} does not exist; create it or choose another output path", file=sys.stderr)
             return 2
 
+    if args.from_json:
+        try:
+            result = json.loads(args.from_json.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"error: cannot read {args.from_json}: {exc}", file=sys.stderr)
+            return 2
+        _publish(result, args)
+        return 0
     started = time.perf_counter()
     result = {"machine": _machine(), "versions": _versions(), "method": _method(args, threads),
               "threads": threads, "stream_gbs": {}, "models": []}
@@ -330,6 +377,8 @@ def main(argv=None) -> int:
     for name in chosen:
         print(f"{name}:", flush=True)
         result["models"].append(bench_model(name, MODELS[name], threads, args))
+        if args.json:  # what is done so far survives an interrupted run
+            _write_atomic(args.json, json.dumps(result, indent=1))
     result["wall_s"] = time.perf_counter() - started
     result["method"].append(f"Whole run (builds included): {result['wall_s'] / 60:.1f} min.")
     for count in threads:
@@ -340,12 +389,7 @@ def main(argv=None) -> int:
     print("\n" + "\n".join(bench_report.phase_table(result)))
     if args.json:
         _write_atomic(args.json, json.dumps(result, indent=1))
-    if args.chart:
-        write_chart(result, args.chart)
-    if args.markdown:
-        document = args.markdown.read_text() if args.markdown.exists() else DEFAULT_INTRO
-        chart = os.path.relpath(args.chart, args.markdown.parent) if args.chart else None
-        _write_atomic(args.markdown, bench_report.splice(document, bench_report.markdown(result, chart)))
+    _publish(result, args)
     print(f"\ntotal {result['wall_s']:.0f} s")
     return 0
 
