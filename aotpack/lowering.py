@@ -8,6 +8,8 @@ runs, fused or not.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import operator
@@ -24,8 +26,8 @@ from aotpack.ir import (
     Reduction, StridedView, Value, as_strided_parts, contiguous_strides, flat_index, unflatten_index,
 )
 from aotpack.kernel_ir import (
-    Cast, Const, FusedKernel, Op, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
-    row_vars,
+    Cast, Const, FusedKernel, Load, Op, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
+    row_vars, walk,
 )
 
 log = logging.getLogger("aotpack")
@@ -53,6 +55,9 @@ class Lowerer:
         self.constants: list[Buffer] = []
         self.constant_tensors: dict[str, torch.Tensor] = {}
         self.counter = 0
+        #: costly values with several users, one of them a row reduction: they get a
+        #: buffer from the first kernel that reads them (``_shared_outputs``)
+        self.shared: list[Lazy] = []
 
     # ------------------------------------------------------------------ entry
     def run(self) -> Graph:
@@ -68,8 +73,27 @@ class Lowerer:
                 outputs, mutated = self._outputs(node)
             elif node.op == "get_attr":  # a control-flow branch; its user reports it
                 self.env[node] = getattr(self.ep.graph_module, node.target)
+        self._drop_unread_shared_outputs(outputs)
         return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
                      outputs, self.kernels, mutated["constant"], mutated["input"])
+
+    def _drop_unread_shared_outputs(self, outputs: list) -> None:
+        """A shared value written by a row kernel (``_shared_outputs``) that no later step
+        and no graph output reads is dropped from that kernel: its users were all inside it."""
+        steps = list(_all_steps(self.steps))
+        read = {id(b) for step in steps for b in step.reads()} | {id(parts[0]) for parts in outputs}
+        for step in steps:
+            kernel = getattr(step, "kernel", None)
+            if kernel is None or len(kernel.outputs) < 2 or kernel.row_outputs:
+                continue
+            keep = [k for k, out in enumerate(kernel.outputs) if k == 0 or id(out) in read]
+            if len(keep) == len(kernel.outputs):
+                continue
+            exprs = tuple(kernel.exprs[k] for k in keep)
+            step.kernel = dataclasses.replace(kernel, inputs=tuple(input_buffers(exprs)),
+                                              outputs=tuple(kernel.outputs[k] for k in keep), exprs=exprs,
+                                              access=inner_access(exprs, kernel.inner_size))
+            self.kernels[next(i for i, k in enumerate(self.kernels) if k is kernel)] = step.kernel
 
     def _placeholder(self, node, spec) -> Buffer:
         val = _meta(node)
@@ -293,7 +317,58 @@ class Lowerer:
         if value.op_count > MAX_FUSED_OPS:
             self.realize(value)
         elif fanout > 1 and costly and not (value.reduces and self._row_local_users(node)):
-            self.realize(value)
+            if not value.reduces and not value.expensive and self._feeds_row_reduction(node):
+                self.shared.append(value)  # written by the row kernel that first reads it
+            else:
+                self.realize(value)
+
+    @staticmethod
+    def _feeds_row_reduction(node) -> bool:
+        """Some user reduces ``node``'s trailing dims (a LayerNorm after a residual add)."""
+        rank = len(_meta(node).shape)
+        for user in node.users:
+            if user.target in ops.REDUCTIONS or user.target in ops.VARIANCES or \
+                    user.target is torch.ops.aten.var_mean.correction:
+                dims = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim")
+                dims = [dims] if isinstance(dims, int) else list(dims or range(rank))
+                if rank and sorted(d % rank for d in dims) == list(range(rank - len(dims), rank)):
+                    return True
+        return False
+
+    def _shared_outputs(self, value: Lazy, outer: tuple, inner: int, build, absorb: bool) -> list[Lazy]:
+        """Shared values (``self.shared``) the kernel of ``value`` over ``outer x (inner,)``
+        reads, each written as an extra output of that kernel when ``absorb`` and it is
+        read at the kernel's own element only; any other read gives it a kernel of its
+        own first (so a shared value is never recomputed by two kernels).
+
+        Found by giving each pending shared value a stand-in buffer while the kernel's
+        IR is built (``build(values)`` -> exprs): a load of a stand-in is a read of that value.
+        """
+        absorbed = []
+        while True:
+            pending = [v for v in self.shared if v.realized is None and all(v is not a for a in absorbed)]
+            for v in pending:
+                v.realized = Buffer("shared", tuple(v.shape), contiguous_strides(v.shape), v.dtype, "kernel")
+            exprs = build([value])
+            stand_ins = {id(v.realized): v for v in pending}
+            loads = [node for expr in exprs for node in walk(expr)
+                     if isinstance(node, Load) and id(node.buffer) in stand_ins]
+            read = {id(node.buffer): node.buffer for node in loads}
+            own = {}
+            for v in pending:
+                stand_in = v.realized
+                v.realized = None
+                if id(stand_in) in read and v.numel == math.prod(outer) * inner:
+                    position = flat_index(row_vars(outer) + [inner_var(inner)], tuple(outer) + (inner,))
+                    own[id(stand_in)] = stand_in.expr(unflatten_index(position, v.shape)).index
+            if not read:
+                return absorbed
+            for key, stand_in in read.items():
+                v = stand_ins[key]
+                if absorb and key in own and all(n.index == own[key] for n in loads if n.buffer is stand_in):
+                    absorbed.append(v)
+                else:
+                    self.realize(v)
 
     @staticmethod
     def _row_local_users(node) -> bool:
@@ -333,6 +408,7 @@ class Lowerer:
         base_name = f"fused_{names[:48]}"
         name = f"{base_name}_{self.counter}"
         row_outputs = (0,) if isinstance(value, Reduction) else ()
+        build = functools.partial(_output_exprs, outer=outer, inner=inner)
         while True:  # a reduction read at other rows than its own needs a buffer first
             exprs = _output_exprs([value], outer, inner)
             foreign = foreign_reduction(exprs, outer)
@@ -342,14 +418,24 @@ class Lowerer:
             if epilogue is not None:  # computed once per row of the reduction it reads
                 outer, inner, exprs = epilogue
                 row_outputs = (0,)
+                build = functools.partial(_row_exprs, outer=outer)
                 break
             self.realize(foreign.origin)
+        outputs, values = [buf], [value]
+        if self.shared:
+            values += self._shared_outputs(value, outer, inner, build, absorb=has_reduce(exprs) and not row_outputs)
+            exprs = build(values)
+            for v in values[1:]:
+                self.counter += 1
+                outputs.append(Buffer(f"buf{self.counter}", tuple(v.shape), contiguous_strides(v.shape), v.dtype,
+                                      "kernel"))
         access = inner_access(exprs, inner)
         if not has_reduce(exprs) and (access.divisors or inner < NARROW_INNER):
             outer, inner, exprs, access = _choose_domain(value, outer, inner, exprs, access)
-        kernel = FusedKernel(name, base_name, tuple(outer), inner, tuple(input_buffers(exprs)), (buf,),
+        kernel = FusedKernel(name, base_name, tuple(outer), inner, tuple(input_buffers(exprs)), tuple(outputs),
                              tuple(exprs), access, has_reduce(exprs), row_outputs)
-        value.realized = buf
+        for v, out in zip(values, outputs):
+            v.realized = out
         self.kernels.append(kernel)
         self.steps.append(KernelCall(kernel))
         return buf
@@ -665,6 +751,21 @@ def _output_exprs(values: list, outer: tuple, inner: int) -> list:
     return exprs
 
 
+def _all_steps(steps: list):
+    """Every step, torch.cond branches included."""
+    for step in steps:
+        yield step
+        if isinstance(step, CondStep):
+            yield from _all_steps(step.true_steps)
+            yield from _all_steps(step.false_steps)
+
+
+def _row_exprs(values: list, outer: tuple) -> list:
+    """IR of each value, one element per row of ``outer`` (row-major)."""
+    rows = row_vars(outer)
+    return [value.fn(unflatten_index(flat_index(rows, outer), value.shape)) for value in values]
+
+
 def _row_epilogue(value, foreign) -> tuple | None:
     """(outer, inner, exprs) computing pointwise ``value`` once per row of the reduction
     ``foreign`` it reads (``sqrt(var)``, a mean reshaped to drop its kept dims), or None.
@@ -677,8 +778,7 @@ def _row_epilogue(value, foreign) -> tuple | None:
     if not isinstance(red, Reduction) or red.realized is not None or value.numel != red.numel:
         return None
     outer = tuple(red.outer_shape)
-    rows = row_vars(outer)
-    exprs = [value.fn(unflatten_index(flat_index(rows, outer), value.shape))]
+    exprs = _row_exprs([value], outer)
     if foreign_reduction(exprs, outer) is not None:
         return None
     return outer, red.reduce_size, exprs

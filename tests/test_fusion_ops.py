@@ -44,3 +44,21 @@ def test_variance_and_integer_reductions_fuse(build_model, tmp_path):
     result = build_model(path)
     assert _externs(result.archive) == ["aten.var.correction"]  # var(x, 0): a leading dim
     assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_mobilenet_block_relu6_and_hardswish_fuse(build_model, tmp_path):
+    path = MODELS / "mobilenet_block.py"
+    result = build_model(path)
+    assert _externs(result.archive) == ["aten.convolution.default"]  # ReLU6 fused into its BN kernel
+    assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_residual_add_is_written_by_the_next_layer_norm_kernel(build_model, tmp_path):
+    path = MODELS / "vit_block.py"
+    result = build_model(path)
+    text = read_members(result.archive)[KERNEL_IR_PATH].decode()
+    assert report.launch_sites(text) == 7  # 9 with the residual add as a kernel of its own
+    # both blocks' attention residual: one kernel writes LayerNorm(x + attn) and x + attn
+    two_outputs = [block for block in text.split("\n\n") if "\n  out1: float32[2, 17, 64] = " in block]
+    assert len(two_outputs) == 2
+    assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
