@@ -1,20 +1,23 @@
 """div with rounding_mode, floor_divide and remainder: float (zeros, inf, NaN, -0.0 among the
 operands) and int64 (negative dividends and divisors, INT64_MIN // -1), odd sizes, a
 transposed and a step-sliced input. ``n // m`` (integer tensor divisor) stays an extern call:
-ATen raises on an integer division by zero, which a fused kernel cannot."""
+ATen raises on an integer division by zero, which a fused kernel cannot. Also hardtanh,
+ReLU6 and clamp with tensor bounds on int64."""
 import torch
+import torch.nn.functional as F
 
 
 class Division(torch.nn.Module):
     def forward(self, a, b, n, m):
         bt = b.t()                   # (7, 13), transposed, some zeros
         floats = (torch.div(a, bt, rounding_mode="floor"), torch.div(a, bt, rounding_mode="trunc"),
-                  torch.remainder(a, bt), torch.floor_divide(a, -2.5), torch.remainder(a, -1.5),
-                  a // bt)
+                  torch.remainder(a, bt), torch.floor_divide(a, -2.5), torch.remainder(a, -1.5))
         ms = m[:, ::2]               # (2, 9) step-2 slice of int64
         ints = (n // 3, n // -4, torch.div(n, -5, rounding_mode="trunc"), n % 3, n % -4, n // -1,
                 torch.remainder(n, -1), ms // -2, ms % 5, n // 2.5, n % 2.5)
-        return floats + ints + (n[:36] // m.flatten(),)
+        flat = m.flatten()
+        clamps = (F.hardtanh(n, -7, 9) * 100 + F.relu6(n), torch.clamp(n[:36], flat * -3, flat.abs() * 5))
+        return floats + ints + clamps + (n[:36] // flat,)
 
 
 def model():
