@@ -8,6 +8,8 @@ runs, fused or not.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import operator
@@ -24,8 +26,8 @@ from aotpack.ir import (
     Reduction, StridedView, Value, as_strided_parts, contiguous_strides, flat_index, unflatten_index,
 )
 from aotpack.kernel_ir import (
-    Cast, Const, FusedKernel, Op, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
-    row_vars,
+    Cast, Const, FusedKernel, Load, Op, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
+    row_vars, walk,
 )
 
 log = logging.getLogger("aotpack")
@@ -54,6 +56,9 @@ class Lowerer:
         self.constant_tensors: dict[str, torch.Tensor] = {}
         self.constant_sources: dict[str, torch.Tensor] = {}  # as exported: storage identity kept
         self.counter = 0
+        #: costly values with several users, one of them a row reduction: they get a
+        #: buffer from the first kernel that reads them (``_shared_outputs``)
+        self.shared: list[Lazy] = []
 
     # ------------------------------------------------------------------ entry
     def run(self) -> Graph:
@@ -70,8 +75,27 @@ class Lowerer:
                 outputs, mutated = self._outputs(node)
             elif node.op == "get_attr":  # a control-flow branch; its user reports it
                 self.env[node] = getattr(self.ep.graph_module, node.target)
+        self._drop_unread_shared_outputs(outputs)
         return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
                      outputs, self.kernels, mutated["constant"], mutated["input"], self.constant_sources)
+
+    def _drop_unread_shared_outputs(self, outputs: list) -> None:
+        """A shared value written by a row kernel (``_shared_outputs``) that no later step
+        and no graph output reads is dropped from that kernel: its users were all inside it."""
+        steps = list(_all_steps(self.steps))
+        read = {id(b) for step in steps for b in step.reads()} | {id(parts[0]) for parts in outputs}
+        for step in steps:
+            kernel = getattr(step, "kernel", None)
+            if kernel is None or len(kernel.outputs) < 2 or kernel.row_outputs:
+                continue
+            keep = [k for k, out in enumerate(kernel.outputs) if k == 0 or id(out) in read]
+            if len(keep) == len(kernel.outputs):
+                continue
+            exprs = tuple(kernel.exprs[k] for k in keep)
+            step.kernel = dataclasses.replace(kernel, inputs=tuple(input_buffers(exprs)),
+                                              outputs=tuple(kernel.outputs[k] for k in keep), exprs=exprs,
+                                              access=inner_access(exprs, kernel.inner_size))
+            self.kernels[next(i for i, k in enumerate(self.kernels) if k is kernel)] = step.kernel
 
     def _placeholder(self, node, spec, read: bool) -> Buffer | None:
         """The buffer of one graph input. A parameter, buffer or lifted constant that
@@ -230,6 +254,14 @@ class Lowerer:
         if op in (torch.ops.aten.clamp.default, torch.ops.aten.clamp_min.default,
                   torch.ops.aten.clamp_max.default):
             return self._clamp(node)
+        if op in ops.CLAMP_TENSOR:
+            return self._clamp_tensor(node)
+        if op in ops.PARAMETRIC:
+            name, expensive = ops.PARAMETRIC[op]
+            params = tuple(value for _, value in extern.schema_values(node)[1:])
+            return self._pointwise(node, [node.args[0]], name, expensive, params=params)
+        if op in ops.DIV_WITH_MODE or op in ops.REMAINDERS:
+            return self._rounding_division(node)
         if op is torch.ops.aten.gelu.default:
             if node.kwargs.get("approximate", "none") != "none":
                 return None
@@ -238,6 +270,9 @@ class Lowerer:
             return self._reduction(node)
         if op is torch.ops.aten.var_mean.correction:
             return self._var_mean(node)
+        if op in ops.VARIANCES:
+            found = self._var_mean(node)
+            return None if found is None else found[0]
         if op is torch.ops.aten._native_batch_norm_legit_no_training.default:
             return self._batch_norm(node)
         return None
@@ -291,7 +326,58 @@ class Lowerer:
         if value.op_count > MAX_FUSED_OPS:
             self.realize(value)
         elif fanout > 1 and costly and not (value.reduces and self._row_local_users(node)):
-            self.realize(value)
+            if not value.reduces and not value.expensive and self._feeds_row_reduction(node):
+                self.shared.append(value)  # written by the row kernel that first reads it
+            else:
+                self.realize(value)
+
+    @staticmethod
+    def _feeds_row_reduction(node) -> bool:
+        """Some user reduces ``node``'s trailing dims (a LayerNorm after a residual add)."""
+        rank = len(_meta(node).shape)
+        for user in node.users:
+            if user.target in ops.REDUCTIONS or user.target in ops.VARIANCES or \
+                    user.target is torch.ops.aten.var_mean.correction:
+                dims = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim")
+                dims = [dims] if isinstance(dims, int) else list(dims or range(rank))
+                if rank and sorted(d % rank for d in dims) == list(range(rank - len(dims), rank)):
+                    return True
+        return False
+
+    def _shared_outputs(self, value: Lazy, outer: tuple, inner: int, build, absorb: bool) -> list[Lazy]:
+        """Shared values (``self.shared``) the kernel of ``value`` over ``outer x (inner,)``
+        reads, each written as an extra output of that kernel when ``absorb`` and it is
+        read at the kernel's own element only; any other read gives it a kernel of its
+        own first (so a shared value is never recomputed by two kernels).
+
+        Found by giving each pending shared value a stand-in buffer while the kernel's
+        IR is built (``build(values)`` -> exprs): a load of a stand-in is a read of that value.
+        """
+        absorbed = []
+        while True:
+            pending = [v for v in self.shared if v.realized is None and all(v is not a for a in absorbed)]
+            for v in pending:
+                v.realized = Buffer("shared", tuple(v.shape), contiguous_strides(v.shape), v.dtype, "kernel")
+            exprs = build([value])
+            stand_ins = {id(v.realized): v for v in pending}
+            loads = [node for expr in exprs for node in walk(expr)
+                     if isinstance(node, Load) and id(node.buffer) in stand_ins]
+            read = {id(node.buffer): node.buffer for node in loads}
+            own = {}
+            for v in pending:
+                stand_in = v.realized
+                v.realized = None
+                if id(stand_in) in read and v.numel == math.prod(outer) * inner:
+                    position = flat_index(row_vars(outer) + [inner_var(inner)], tuple(outer) + (inner,))
+                    own[id(stand_in)] = stand_in.expr(unflatten_index(position, v.shape)).index
+            if not read:
+                return absorbed
+            for key, stand_in in read.items():
+                v = stand_ins[key]
+                if absorb and key in own and all(n.index == own[key] for n in loads if n.buffer is stand_in):
+                    absorbed.append(v)
+                else:
+                    self.realize(v)
 
     @staticmethod
     def _row_local_users(node) -> bool:
@@ -302,7 +388,8 @@ class Lowerer:
         """
         shape = tuple(_meta(node).shape)
         for user in node.users:
-            if user.target in ops.REDUCTIONS or user.target is torch.ops.aten.var_mean.correction:
+            if (user.target in ops.REDUCTIONS or user.target in ops.VARIANCES
+                    or user.target is torch.ops.aten.var_mean.correction):
                 continue
             elementwise = user.target in ops.UNARY or user.target in ops.BINARY
             if not elementwise or tuple(_meta(user).shape) != shape:
@@ -329,19 +416,35 @@ class Lowerer:
         names = "_".join(dict.fromkeys(value.op_names)) or "copy"
         base_name = f"fused_{names[:48]}"
         name = f"{base_name}_{self.counter}"
+        row_outputs = (0,) if isinstance(value, Reduction) else ()
+        build = functools.partial(_output_exprs, outer=outer, inner=inner)
         while True:  # a reduction read at other rows than its own needs a buffer first
             exprs = _output_exprs([value], outer, inner)
             foreign = foreign_reduction(exprs, outer)
             if foreign is None:
                 break
+            epilogue = None if row_outputs else _row_epilogue(value, foreign)
+            if epilogue is not None:  # computed once per row of the reduction it reads
+                outer, inner, exprs = epilogue
+                row_outputs = (0,)
+                build = functools.partial(_row_exprs, outer=outer)
+                break
             self.realize(foreign.origin)
+        outputs, values = [buf], [value]
+        if self.shared:
+            values += self._shared_outputs(value, outer, inner, build, absorb=has_reduce(exprs) and not row_outputs)
+            exprs = build(values)
+            for v in values[1:]:
+                self.counter += 1
+                outputs.append(Buffer(f"buf{self.counter}", tuple(v.shape), contiguous_strides(v.shape), v.dtype,
+                                      "kernel"))
         access = inner_access(exprs, inner)
         if not has_reduce(exprs) and (access.divisors or inner < NARROW_INNER):
             outer, inner, exprs, access = _choose_domain(value, outer, inner, exprs, access)
-        row_outputs = (0,) if isinstance(value, Reduction) else ()
-        kernel = FusedKernel(name, base_name, tuple(outer), inner, tuple(input_buffers(exprs)), (buf,),
+        kernel = FusedKernel(name, base_name, tuple(outer), inner, tuple(input_buffers(exprs)), tuple(outputs),
                              tuple(exprs), access, has_reduce(exprs), row_outputs)
-        value.realized = buf
+        for v, out in zip(values, outputs):
+            v.realized = out
         self.kernels.append(kernel)
         self.steps.append(KernelCall(kernel))
         return buf
@@ -413,6 +516,42 @@ class Lowerer:
         if any(hasattr(b, "op") for b in (low, high)):
             return None
         return self._pointwise(node, [node.args[0]], "clamp", False, params=(low, high))
+
+    def _clamp_tensor(self, node):
+        """clamp with tensor bounds: min(max(x, low), high) in the promoted dtype (ATen's
+        clamp kernel; a missing bound makes it ATen's maximum or minimum)."""
+        op, values = node.target, dict((a.name, v) for a, v in extern.schema_values(node))
+        if op is torch.ops.aten.clamp_min.Tensor:
+            low, high = values["min"], None
+        elif op is torch.ops.aten.clamp_max.Tensor:
+            low, high = None, values["max"]
+        else:
+            low, high = values["min"], values["max"]
+        if low is None and high is None:
+            return None  # ATen raises: at least one bound is required
+        name = "clamp_tensor" if low is not None and high is not None else ("maximum" if high is None else "minimum")
+        return self._pointwise(node, [node.args[0]] + [b for b in (low, high) if b is not None], name, False)
+
+    def _rounding_division(self, node):
+        """div with rounding_mode and remainder, in the promoted dtype, as ATen computes them.
+
+        Integer division fuses only by a nonzero Python number: ATen raises on an
+        integer division by zero, which a kernel cannot, so a tensor divisor stays an
+        extern call there. Float division by zero gives inf/nan, as in eager.
+        """
+        values = dict((a.name, v) for a, v in extern.schema_values(node))
+        if node.target in ops.REMAINDERS:
+            name = "remainder"
+        else:
+            mode = values.get("rounding_mode")
+            if mode not in ops.DIV_ROUNDING:
+                return None
+            name = ops.DIV_ROUNDING[mode]
+        a, b = node.args[0], node.args[1]
+        if not _meta(node).dtype.is_floating_point:
+            if not isinstance(b, (int, float)) or isinstance(b, bool) or b == 0:
+                return None
+        return self._pointwise(node, [a, b], name, name in ("remainder", "div_floor"))  # fmod inside
 
     def _copy(self, node):
         source = self._operand(node.args[0])
@@ -512,7 +651,8 @@ class Lowerer:
         red_shape_src = outer + (inner,)
         if src_fn is None:
             def src_fn(index):
-                return source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
+                value = source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
+                return value if source.dtype == out_dtype else Cast(value, out_dtype)
         lazy = [source] if isinstance(source, Lazy) and source.realized is None else []
         src = Pointwise(red_shape_src, source.dtype, src_fn)
         return Reduction(out_shape, out_dtype, src, outer, inner, kind,
@@ -521,20 +661,26 @@ class Lowerer:
                          op_names=sum((v.op_names for v in lazy), ()) + (ops.short_name(node.target),))
 
     def _reduction(self, node):
+        """sum/mean/prod/amax/amin over trailing dims. A result dtype other than the
+        input's (``dtype=``, or bool/integer sum and prod accumulating in int64 as in
+        eager) converts each element first."""
         source = self._operand(node.args[0])
         kind, mean = ops.REDUCTIONS[node.target]
-        if node.kwargs.get("dtype") is not None or source.numel == 0:
+        if source.numel == 0:
             return None
         found = self._reduce_dims(node, tuple(source.shape))
         if found is None:
             return None
         out_dtype = _meta(node).dtype
-        if out_dtype != source.dtype:
+        if out_dtype != source.dtype and kind not in ("sum", "prod"):
             return None
         return self._make_reduction(node, source, kind, mean, *found, out_dtype)
 
     def _var_mean(self, node):
-        """var_mean(x, dims, correction, keepdim) as two per-row passes (mean, then var)."""
+        """var_mean(x, dims, correction, keepdim) as two per-row passes (mean, then the sum
+        of squared deviations; float sums accumulate in double), also for ``var``.
+
+        Returns (var, mean), or None (an extern call) for dims that are not a suffix."""
         source = self._operand(node.args[0])
         if not source.dtype.is_floating_point or source.numel == 0:
             return None
@@ -547,19 +693,23 @@ class Lowerer:
         correction = 1 if correction is None else correction
         shape = tuple(source.shape)
         inner = math.prod(shape[first:])
-        mean = self._make_reduction(node, source, "sum", True, first, True, source.dtype)
+        row_mean = self._make_reduction(node, source, "sum", True, first, True, source.dtype)
+
         def squared_deviation(index):
             x = source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
-            m = mean.expr(index[:-1] + [Index.constant(0)] * (len(shape) - first))
+            m = row_mean.expr(index[:-1] + [Index.constant(0)] * (len(shape) - first))
             deviation = Op("sub", (x, m), source.dtype, convert=False)
             return Op("mul", (deviation, deviation), source.dtype, convert=False)
 
         var = self._make_reduction(node, source, "sum", False, first, keepdim, source.dtype,
                                    src_fn=squared_deviation)
-        var.scale = 1.0 / max(inner - correction, 0) if inner - correction > 0 else float("nan")
-        var.op_count += mean.op_count
-        if not keepdim:
-            mean = self._remap(mean, tuple(var.shape), lambda index: index + [Index.constant(0)] * (len(shape) - first))
+        # ATen divides by max(N - correction, 0): 0/0 is nan, a positive sum over 0 is inf
+        var.scale = 1.0 / (inner - correction) if inner - correction > 0 else math.inf
+        var.op_count += row_mean.op_count
+        mean = row_mean
+        if not keepdim:  # a new value: squared_deviation keeps reading row_mean at its own rows
+            mean = self._remap(row_mean, tuple(var.shape),
+                               lambda index: index + [Index.constant(0)] * (len(shape) - first))
         return (var, mean)
 
     # ------------------------------------------------------------------ extern
@@ -608,6 +758,39 @@ def _output_exprs(values: list, outer: tuple, inner: int) -> list:
         else:
             exprs.append(value.fn(unflatten_index(flat_index(domain, tuple(outer) + (inner,)), value.shape)))
     return exprs
+
+
+def _all_steps(steps: list):
+    """Every step, torch.cond branches included."""
+    for step in steps:
+        yield step
+        if isinstance(step, CondStep):
+            yield from _all_steps(step.true_steps)
+            yield from _all_steps(step.false_steps)
+
+
+def _row_exprs(values: list, outer: tuple) -> list:
+    """IR of each value, one element per row of ``outer`` (row-major)."""
+    rows = row_vars(outer)
+    return [value.fn(unflatten_index(flat_index(rows, outer), value.shape)) for value in values]
+
+
+def _row_epilogue(value, foreign) -> tuple | None:
+    """(outer, inner, exprs) computing pointwise ``value`` once per row of the reduction
+    ``foreign`` it reads (``sqrt(var)``, a mean reshaped to drop its kept dims), or None.
+
+    ``value`` must have one element per reduction row, in row order, and every
+    reduction it reads must then be read at its own rows (checked on the IR: a
+    transposing view of the result does not qualify and gets a buffer as before).
+    """
+    red = foreign.origin
+    if not isinstance(red, Reduction) or red.realized is not None or value.numel != red.numel:
+        return None
+    outer = tuple(red.outer_shape)
+    exprs = _row_exprs([value], outer)
+    if foreign_reduction(exprs, outer) is not None:
+        return None
+    return outer, red.reduce_size, exprs
 
 
 def _choose_domain(value, outer: tuple, inner: int, exprs: list, access):

@@ -90,6 +90,24 @@ EXPENSIVE_BINARY = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.fmod.Te
 COMPARISON_NAMES = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
 COMPARISONS = {op for op, name in BINARY.items() if name in COMPARISON_NAMES}
 
+#: Activations with scalar parameters -> (IR op name, expensive). The parameters are
+#: the schema's scalar arguments after the input, in order (defaults filled in):
+#: leaky_relu (negative_slope), elu (alpha, scale, input_scale), hardtanh (min, max:
+#: ReLU6 is hardtanh(0, 6); ATen computes it as clamp).
+PARAMETRIC = {
+    aten.leaky_relu.default: ("leaky_relu", False),
+    aten.elu.default: ("elu", True),
+    aten.hardtanh.default: ("clamp", False),
+}
+
+#: ``div``'s rounding modes -> IR op name (None: true division).
+DIV_ROUNDING = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}
+DIV_WITH_MODE = {aten.div.Tensor_mode, aten.div.Scalar_mode}
+#: Python-style remainder (the result has the divisor's sign); ``Scalar_Tensor`` is
+#: ``number % tensor``.
+REMAINDERS = {aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor}
+#: clamp with tensor bounds (either may be absent: then it is maximum or minimum).
+CLAMP_TENSOR = {aten.clamp.Tensor, aten.clamp_min.Tensor, aten.clamp_max.Tensor}
 #: Ops that only re-type or copy their input: identity in a kernel.
 COPIES = {
     aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default,
@@ -119,7 +137,10 @@ REDUCTIONS = {
     aten.amax.default: ("max", False),
     aten.amin.default: ("min", False),
     aten.prod.dim_int: ("prod", False),
+    aten.prod.default: ("prod", False),
 }
+#: var(x, dim, correction, keepdim) (``std`` decomposes into var + sqrt).
+VARIANCES = {aten.var.correction}
 
 
 def short_name(op) -> str:

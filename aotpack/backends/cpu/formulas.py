@@ -1,10 +1,10 @@
 """The CPU renderer's formula table: kernel IR op name -> C++ expression.
 
 Formulas take operand variable names ``{0}``, ``{1}``, ... (already of the op's compute
-type); ``{t}`` is that type's C++ name and ``{p0}`` the op's first scalar parameter as
-a literal. Helpers named ``ap_*`` and the ``ap::`` math functions (GCC builtins standing in
-for <cmath>, which kernels do not include: it dominated their compile time) live in
-``templates/cpu_math.h.j2``.
+type); ``{t}`` is that type's C++ name and ``{p0}``, ``{p1}``, ... the op's scalar parameters
+as literals of that type. Helpers named ``ap_*`` and the ``ap::`` math functions (GCC
+builtins standing in for <cmath>, which kernels do not include: it dominated their
+compile time) live in ``templates/cpu_math.h.j2``.
 """
 from __future__ import annotations
 
@@ -79,8 +79,20 @@ FORMULAS = {
     "ne_zero": "({0} != 0)",
     "gelu": "({0} * static_cast<{t}>(0.5) * (static_cast<{t}>(1) + ap::erf({0} * static_cast<{t}>(0.7071067811865476))))",
     "rsqrt_eps": "ap_rsqrt({0} + {p0})",
+    # ATen's leaky_relu_kernel: a > 0 ? a : a * slope (NaN takes the second branch)
+    "leaky_relu": "({0} > static_cast<{t}>(0) ? {0} : {0} * {p0})",
+    # ATen's elu_kernel: negcoef = alpha * scale (in the compute type), expm1 on x <= 0
+    "elu": "({0} <= static_cast<{t}>(0) ? ap::expm1({0} * {p2}) * ({p0} * {p1}) : {0} * {p1})",
+    "clamp_tensor": "ap_min(ap_max({0}, {1}), {2})",
+    "div_trunc": "ap_div_trunc({0}, {1})",
+    "div_floor": "ap_div_floor({0}, {1})",
+    "remainder": "ap_remainder({0}, {1})",
     "normalize": "(({0} - {1}) * {2})",
 }
+
+#: Helper groups of ``cpu_math.h.j2`` rendered only into kernels that call them (the
+#: rest of the header is in every kernel) -> the helpers of each group.
+OPTIONAL_HELPERS = {"rounding": ("ap_div_trunc", "ap_div_floor", "ap_remainder")}
 
 #: C++'s % truncates toward zero like fmod; x % 0 is undefined, torch gives x - x.
 INTEGER_FMOD = "({1} == 0 ? {0} - {0} : {0} % {1})"
@@ -119,6 +131,12 @@ def formula(name: str, params: tuple, dtype: torch.dtype, operand_ctype: str) ->
         text = INTEGER_FMOD
     else:
         text = FORMULAS[name]
-        if params:
-            text = text.replace("{p0}", literal(params[0], "{t}"))
+        for k, value in enumerate(params):
+            text = text.replace(f"{{p{k}}}", literal(value, "{t}"))
     return text.replace("{t}", operand_ctype)
+
+
+def optional_helpers(lines) -> list[str]:
+    """Groups of ``OPTIONAL_HELPERS`` that the kernel body ``lines`` (C++ text) calls."""
+    text = "\n".join(lines)
+    return [group for group, calls in OPTIONAL_HELPERS.items() if any(call in text for call in calls)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aotpack.backends.cpu.formulas import C_TYPES, formula, literal
+from aotpack.backends.cpu.formulas import C_TYPES, formula, literal, optional_helpers
 from aotpack.index import contiguous_strides
 from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce
 from aotpack.render import render
@@ -152,7 +152,8 @@ class KernelWriter:
         lines.append("}")
         result = f"static_cast<{ctype}>({acc})"
         if red.scale != 1.0:
-            result = f"static_cast<{ctype}>({acc} * {red.scale!r})"
+            scale = repr(red.scale) if math.isfinite(red.scale) else literal(red.scale, "double")
+            result = f"static_cast<{ctype}>({acc} * {scale})"
         if tracks_nan:
             result = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {result}"
         lines.append(f"const {ctype} red{number} = {result};")
@@ -209,4 +210,5 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr, workspace=tiling.workspace,
+        optional_helpers=optional_helpers(body.row_lines + body.write_lines),
     )

@@ -1,0 +1,66 @@
+"""Lowering decisions of the newly fused ops, checked on the IR (no compiler needed)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aotpack import backends
+from aotpack.export import decomposition_table
+from aotpack.lowering import lower
+
+pytestmark = pytest.mark.unit
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _lower(fn, *inputs):
+    ep = torch.export.export(_Fn(fn), inputs, strict=False).run_decompositions(decomposition_table())
+    return lower(ep, backends.get("cpu").dtypes)
+
+
+def _externs(graph) -> list[str]:
+    return [str(call.op) for call in graph.extern_calls()]
+
+
+def test_integer_division_fuses_only_by_a_nonzero_number():
+    n = torch.arange(-6, 6)
+    assert _externs(_lower(lambda n: (n // -4, n % 3, torch.div(n, 5, rounding_mode="trunc")), n)) == []
+    assert _externs(_lower(lambda n: n // 0, n)) == ["aten.div.Tensor_mode"]      # eager raises
+    assert _externs(_lower(lambda n: n % (n + 7), n)) == ["aten.remainder.Tensor"]  # a tensor divisor
+    assert _externs(_lower(lambda x: (x // 0.0, x % x.t()), torch.randn(3, 3))) == []  # floats: inf/nan
+
+
+def test_std_and_std_mean_are_row_kernels():
+    x = torch.randn(4, 5)
+    std = _lower(lambda x: torch.std(x, -1), x)
+    (kernel,) = std.kernels  # sqrt computed per row in the variance kernel
+    assert kernel.row_outputs == (0,) and "sqrt" in kernel.format()
+    both = _lower(lambda x: torch.std_mean(x, -1), x)
+    # var and mean each read only the input (the mean without kept dims was a kernel of its own)
+    assert len(both.kernels) == 2 and all([b.kind for b in k.inputs] == ["input"] for k in both.kernels)
+
+
+def test_residual_sum_is_an_extra_output_of_the_layer_norm_kernel_only_when_read_later():
+    norm = torch.nn.LayerNorm(8).eval()
+    x, y = torch.randn(3, 8), torch.randn(3, 8)
+
+    def residual(x, y):
+        h = x * 2 + y
+        return norm(h) * 3, h + 1
+
+    graph = _lower(residual, x, y)
+    assert [len(k.outputs) for k in graph.kernels] == [2, 1]  # LN writes h, the last add reads it
+    only_norm = _lower(lambda x, y: norm(x * 2 + y), x, y)
+    assert [len(k.outputs) for k in only_norm.kernels] == [1]  # nobody else reads the sum
+
+
+def test_bool_sum_accumulates_in_int64():
+    graph = _lower(lambda x: ((x > 0).sum(-1), (x > 0).prod(-1)), torch.randn(3, 7))
+    assert _externs(graph) == []
+    assert all(k.outputs[0].dtype == torch.int64 for k in graph.kernels)

@@ -1,0 +1,64 @@
+"""Ops that used to run as extern ATen calls now fuse, and match eager through the runtime.
+
+Each model (``tests/models/``) puts many ops on odd sizes (7x13, 3x257, 1x1), transposed
+and step-sliced inputs, float32 and int64; the build's kernels.ir must hold no extern
+call for them, and the outputs must match eager: float outputs within 1e-5 abs + 1e-5
+relative (var/std: two passes, double accumulators; transcendentals from libmvec),
+integer outputs exactly, NaN where eager has NaN, +-inf equal.
+"""
+import pytest
+
+from aotpack import report
+from aotpack.layout import KERNEL_IR_PATH
+from aotpack.package import read_members
+from conftest import MODELS, assert_native_parity
+
+pytestmark = pytest.mark.native
+
+TOLERANCE = 1e-5
+
+
+def _externs(archive) -> list[str]:
+    """The ATen ops the archive still calls (not fused), one entry per op."""
+    text = read_members(archive)[KERNEL_IR_PATH].decode()
+    return [e["op"] for e in report.extern_calls(text)]
+
+
+def test_activations_and_tensor_clamp_fuse(build_model, tmp_path):
+    path = MODELS / "activation_zoo.py"
+    result = build_model(path)
+    assert _externs(result.archive) == []
+    assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_rounding_division_and_remainder_fuse(build_model, tmp_path):
+    path = MODELS / "division_zoo.py"
+    result = build_model(path)
+    # only the integer division by an integer tensor (ATen raises on a zero divisor)
+    assert _externs(result.archive) == ["aten.div.Tensor_mode"]
+    assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_variance_and_integer_reductions_fuse(build_model, tmp_path):
+    path = MODELS / "reduction_stats.py"
+    result = build_model(path)
+    assert _externs(result.archive) == ["aten.var.correction"]  # var(x, 0): a leading dim
+    assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_mobilenet_block_relu6_and_hardswish_fuse(build_model, tmp_path):
+    path = MODELS / "mobilenet_block.py"
+    result = build_model(path)
+    assert _externs(result.archive) == ["aten.convolution.default"]  # ReLU6 fused into its BN kernel
+    assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_residual_add_is_written_by_the_next_layer_norm_kernel(build_model, tmp_path):
+    path = MODELS / "vit_block.py"
+    result = build_model(path)
+    text = read_members(result.archive)[KERNEL_IR_PATH].decode()
+    assert report.launch_sites(text) == 7  # 9 with the residual add as a kernel of its own
+    # both blocks' attention residual: one kernel writes LayerNorm(x + attn) and x + attn
+    two_outputs = [block for block in text.split("\n\n") if "\n  out1: float32[2, 17, 64] = " in block]
+    assert len(two_outputs) == 2
+    assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
