@@ -226,6 +226,25 @@ def online_softmax_pairs(exprs) -> dict:
     return pairs
 
 
+def softmax_output(kernel) -> tuple | None:
+    """``(M, S)`` when ``kernel``'s one output is ``exp(A - M) / S`` of an online pair.
+
+    That output (softmax itself) can be written during the sweep that computes ``M`` and
+    ``S``: each chunk stores ``exp(A - running max)`` and a final pass multiplies it by
+    ``exp(chunk max - M) / S``, so ``exp`` runs once per element instead of twice.
+    """
+    if len(kernel.exprs) != 1 or kernel.row_outputs:
+        return None
+    out = kernel.exprs[0]
+    if not (isinstance(out, Op) and out.name == "div" and len(out.args) == 2 and out.dtype.is_floating_point):
+        return None
+    numerator, total = out.args
+    for maximum, paired in online_softmax_pairs(kernel.exprs).items():
+        if paired == total and numerator == total.source and kernel.outputs[0].dtype == maximum.dtype:
+            return maximum, total
+    return None
+
+
 def _reads_j(expr) -> bool:
     return any(isinstance(n, Load) and "j" in n.index.variables() for n in walk(expr))
 

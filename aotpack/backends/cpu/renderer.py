@@ -267,7 +267,13 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         loop_lines = reduce_loops.column_loops(kernel, tiling)
     elif getattr(tiling, "split", 0):
         loop_lines = reduce_loops.split_loops(kernel, tiling)
-    body = build_body(kernel, bool(getattr(tiling, "online", 0)))
+    online = getattr(tiling, "online", 0)
+    if online == 2:
+        from aotpack.backends.cpu import softmax_store  # builds on this module's writer
+
+        body = softmax_store.build_body(kernel)
+    else:
+        body = build_body(kernel, bool(online))
     clause = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
     row_lines = [line.replace(SIMDLEN_MARK, clause) for line in body.row_lines]
     rows = math.prod(kernel.outer_shape)

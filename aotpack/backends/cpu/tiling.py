@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
+from aotpack.backends.cpu import softmax_store
 from aotpack.backends.cpu.reduce_loops import split_workspace_bytes
 from aotpack.kernel_ir import FusedKernel, column_access, flat_reductions, online_softmax_pairs
 
@@ -45,7 +46,9 @@ class Tiling(Candidate):
     ``schedule(static, chunk)`` slice (0 = one contiguous slice per thread).
     row_block: rows per work item, swept column tile by column tile — the loop order
     for transposing access (0 = one row per work item). online: 1 = softmax's max and
-    sum of exp in one sweep over the row (running max, rescaled sum), 0 = one sweep each.
+    sum of exp in one sweep over the row (running max, rescaled sum), 0 = one sweep each,
+    2 = that sweep also stores ``exp(x - running max)`` into a softmax output, rescaled
+    per chunk after it (``softmax_store``: exp once per element).
     col_block: a column reduction (``x.sum(0)``) sweeps rows across blocks of this many
     outputs (``reduce_loops``; 0 = the row form). split: segments each row is cut into
     for a reduction of few long rows, partials in the workspace (0 = whole rows).
@@ -67,7 +70,7 @@ class Tiling(Candidate):
         text = (f"cpu;block_dim={self.block_dim};inner_tile={self.inner_tile};"
                 f"simdlen={self.simdlen};chunk={self.chunk}")
         text += f";row_block={self.row_block}" if self.row_block else ""
-        text += ";online=1" if self.online else ""
+        text += f";online={self.online}" if self.online else ""
         text += f";col_block={self.col_block}" if self.col_block else ""
         return text + (f";split={self.split}" if self.split else "")
 
@@ -106,6 +109,8 @@ def solve(kernel: FusedKernel, device_limit: int, count: int = MAX_TOPN) -> list
     if online_softmax_pairs(kernel.exprs):  # long rows leave L2 between sweeps: online first
         online = dataclasses.replace(default, online=1)
         options = [online, default] if cols > ONLINE_FIRST_COLS else [default, online]
+        if softmax_store.applies(kernel):  # softmax itself: one read of x, one exp per element
+            options.insert(0, dataclasses.replace(default, online=2))
         default = options[0]
     if transposing:
         options += [Tiling(block, min(cols, 64), 0, 0, row_block=32), Tiling(block, default_tile, 0, 0)]
