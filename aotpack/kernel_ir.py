@@ -198,6 +198,95 @@ def has_reduce(exprs) -> bool:
     return any(isinstance(node, Reduce) for expr in exprs for node in walk(expr))
 
 
+def online_softmax_pairs(exprs) -> dict:
+    """``{max reduction: sum reduction}`` pairs a single (online) pass can compute together.
+
+    A pair is ``M = reduce_max(A)`` and ``S = reduce_sum(exp(A - M))`` over the same ``j``
+    and rows, ``A`` reading ``j`` (softmax, log_softmax): since
+    ``exp(a - m') = exp(a - m) * exp(m - m')``, a running max with a rescaled running sum
+    gives both in one sweep (Milakov & Gimelshein, "Online normalizer calculation for
+    softmax", 2018).
+    """
+    pairs: dict = {}
+    for expr in exprs:
+        for node in walk(expr):
+            if not (isinstance(node, Reduce) and node.kind == "sum" and node.dtype.is_floating_point):
+                continue
+            exp = node.source
+            if not (isinstance(exp, Op) and exp.name == "exp" and len(exp.args) == 1):
+                continue
+            sub = exp.args[0]
+            if not (isinstance(sub, Op) and sub.name == "sub" and not sub.params and len(sub.args) == 2):
+                continue
+            a, m = sub.args
+            if (isinstance(m, Reduce) and m.kind == "max" and m.source == a and m.size == node.size
+                    and m.rows == node.rows and m.dtype == node.dtype and m.scale == 1.0
+                    and _reads_j(a) and m not in pairs):
+                pairs[m] = node
+    return pairs
+
+
+def softmax_output(kernel) -> tuple | None:
+    """``(M, S)`` when ``kernel``'s one output is ``exp(A - M) / S`` of an online pair.
+
+    That output (softmax itself) can be written during the sweep that computes ``M`` and
+    ``S``: each chunk stores ``exp(A - running max)`` and a final pass multiplies it by
+    ``exp(chunk max - M) / S``, so ``exp`` runs once per element instead of twice.
+    """
+    if len(kernel.exprs) != 1 or kernel.row_outputs:
+        return None
+    out = kernel.exprs[0]
+    if not (isinstance(out, Op) and out.name == "div" and len(out.args) == 2 and out.dtype.is_floating_point):
+        return None
+    numerator, total = out.args
+    for maximum, paired in online_softmax_pairs(kernel.exprs).items():
+        if paired == total and numerator == total.source and kernel.outputs[0].dtype == maximum.dtype:
+            return maximum, total
+    return None
+
+
+def _reads_j(expr) -> bool:
+    return any(isinstance(n, Load) and "j" in n.index.variables() for n in walk(expr))
+
+
+def flat_reductions(kernel) -> bool:
+    """Whether every output of ``kernel`` is a reduction of a reduction-free source.
+
+    Such a kernel (``x.sum(0)``, ``x.amax(-1)``, ``x.mean()``) has no per-row work besides
+    its accumulators, so a backend may reorder its loops freely: sweep rows across a
+    block of columns, or split one long row among threads.
+    """
+    if not kernel.exprs or len(kernel.row_outputs) != len(kernel.exprs):
+        return False
+    return all(isinstance(e, Reduce) and not has_reduce([e.source]) for e in kernel.exprs)
+
+
+def column_access(kernel) -> bool:
+    """Whether ``kernel`` reads its rows as columns: some load strides along ``j`` while
+    every load is unit-stride (or constant) along the last row variable.
+
+    That is ``x.sum(0)`` of a row-major ``[R, C]``: walking ``j`` per output element reads
+    with stride ``C``; sweeping the output elements (the last row variable) innermost reads
+    contiguous memory instead.
+    """
+    if not kernel.outer_shape or kernel.outer_shape[-1] < 2:
+        return False
+    last = f"i{len(kernel.outer_shape) - 1}"
+    strided = False
+    for expr in kernel.exprs:
+        for node in walk(expr):
+            if not isinstance(node, Load):
+                continue
+            if any(last in atom.operand.variables() or "j" in atom.operand.variables()
+                   for atom in node.index.divisions()):
+                return False
+            if node.index.coefficient(last) not in (0, 1):
+                return False
+            if node.index.coefficient("j") not in (0, 1):
+                strided = True
+    return strided
+
+
 # ----------------------------------------------------------------------------- kernel
 
 

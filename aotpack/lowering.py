@@ -629,34 +629,55 @@ class Lowerer:
                          op_names=source.op_names if lazy else (), reduces=lazy and source.reduces)
 
     # ------------------------------------------------------------------ reductions
-    def _reduce_dims(self, node, shape) -> tuple[int, bool] | None:
-        """(first reduced dim, keepdim) when the reduced dims are a suffix of ``shape``."""
+    @staticmethod
+    def _reduced_dims(node, shape) -> tuple[tuple[int, ...], bool]:
+        """(sorted reduced dims, keepdim) of a reduction node over a tensor of ``shape``."""
         args = node.args
         dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
         if dims is None or dims == []:
             dims = list(range(len(shape)))
         dims = [dims] if isinstance(dims, int) else list(dims)
-        dims = sorted(d % max(len(shape), 1) for d in dims)
+        dims = sorted({d % max(len(shape), 1) for d in dims}) if shape else []
         keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)
-        if dims != list(range(len(shape) - len(dims), len(shape))):
-            return None
-        return (len(shape) - len(dims) if shape else 0), bool(keepdim)
+        return tuple(dims), bool(keepdim)
 
-    def _make_reduction(self, node, source: Value, kind: str, mean: bool, first: int, keepdim: bool,
+    def _reduce_dims(self, node, shape) -> tuple[int, bool] | None:
+        """(first reduced dim, keepdim) when the reduced dims are a suffix of ``shape``."""
+        dims, keepdim = self._reduced_dims(node, shape)
+        if list(dims) != list(range(len(shape) - len(dims), len(shape))):
+            return None
+        return (len(shape) - len(dims) if shape else 0), keepdim
+
+    def _make_reduction(self, node, source: Value, kind: str, mean: bool, dims: tuple, keepdim: bool,
                         out_dtype, src_fn=None) -> Reduction:
+        """The reduction of ``source`` over ``dims`` (sorted). Its rows are the kept dims in
+        their order and ``j`` runs over the reduced ones row-major: a reduction over leading
+        dims (``x.sum(0)``) reads ``source`` with a stride along ``j``, which the backend's
+        loop order handles (``kernel_ir.column_access``)."""
         shape = tuple(source.shape)
-        outer, inner = shape[:first], math.prod(shape[first:])
-        out_shape = outer + ((1,) * (len(shape) - first) if keepdim else ())
-        kept = tuple(range(first, len(shape))) if keepdim else ()
+        kept = [d for d in range(len(shape)) if d not in dims]
+        reduced_shape = tuple(shape[d] for d in dims)
+        outer, inner = tuple(shape[d] for d in kept), math.prod(reduced_shape)
+        out_shape = tuple(1 if d in dims else shape[d] for d in range(len(shape))) if keepdim else outer
+        kept_dims = tuple(dims) if keepdim else ()
         red_shape_src = outer + (inner,)
         if src_fn is None:
             def src_fn(index):
+<<<<<<< HEAD
                 value = source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
                 return value if source.dtype == out_dtype else Cast(value, out_dtype)
+=======
+                full = [None] * len(shape)
+                for d, idx in zip(kept, index[:-1]):
+                    full[d] = idx
+                for d, idx in zip(dims, unflatten_index(index[-1], reduced_shape)):
+                    full[d] = idx
+                return source.expr(full)
+>>>>>>> reduce
         lazy = [source] if isinstance(source, Lazy) and source.realized is None else []
         src = Pointwise(red_shape_src, source.dtype, src_fn)
         return Reduction(out_shape, out_dtype, src, outer, inner, kind,
-                         scale=(1.0 / inner if mean else 1.0), kept_dims=kept,
+                         scale=(1.0 / inner if mean else 1.0), kept_dims=kept_dims,
                          op_count=1 + sum(v.op_count for v in lazy),
                          op_names=sum((v.op_names for v in lazy), ()) + (ops.short_name(node.target),))
 
@@ -668,13 +689,11 @@ class Lowerer:
         kind, mean = ops.REDUCTIONS[node.target]
         if source.numel == 0:
             return None
-        found = self._reduce_dims(node, tuple(source.shape))
-        if found is None:
-            return None
         out_dtype = _meta(node).dtype
         if out_dtype != source.dtype and kind not in ("sum", "prod"):
             return None
-        return self._make_reduction(node, source, kind, mean, *found, out_dtype)
+        return self._make_reduction(node, source, kind, mean, *self._reduced_dims(node, tuple(source.shape)),
+                                    out_dtype)
 
     def _var_mean(self, node):
         """var_mean(x, dims, correction, keepdim) as two per-row passes (mean, then the sum
@@ -693,15 +712,20 @@ class Lowerer:
         correction = 1 if correction is None else correction
         shape = tuple(source.shape)
         inner = math.prod(shape[first:])
+<<<<<<< HEAD
         row_mean = self._make_reduction(node, source, "sum", True, first, True, source.dtype)
 
+=======
+        reduced = tuple(range(first, len(shape)))
+        mean = self._make_reduction(node, source, "sum", True, reduced, True, source.dtype)
+>>>>>>> reduce
         def squared_deviation(index):
             x = source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
             m = row_mean.expr(index[:-1] + [Index.constant(0)] * (len(shape) - first))
             deviation = Op("sub", (x, m), source.dtype, convert=False)
             return Op("mul", (deviation, deviation), source.dtype, convert=False)
 
-        var = self._make_reduction(node, source, "sum", False, first, keepdim, source.dtype,
+        var = self._make_reduction(node, source, "sum", False, reduced, keepdim, source.dtype,
                                    src_fn=squared_deviation)
         # ATen divides by max(N - correction, 0): 0/0 is nan, a positive sum over 0 is inf
         var.scale = 1.0 / (inner - correction) if inner - correction > 0 else math.inf

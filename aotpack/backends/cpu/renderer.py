@@ -19,13 +19,16 @@ import torch
 
 from aotpack.backends.cpu.formulas import C_TYPES, formula, literal, optional_helpers
 from aotpack.index import contiguous_strides
-from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce
+from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce, online_softmax_pairs
 from aotpack.render import render
 
 
 #: Placeholder in a frozen body where a tiling's ``simdlen`` clause goes.
 SIMDLEN_MARK = "@SIMDLEN@"
 
+
+#: Elements per chunk of an online softmax sweep (4 KiB of float32: re-read from L1).
+ONLINE_CHUNK = 1024
 
 REDUCTION_CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 REDUCTION_COMBINE = {
@@ -69,8 +72,10 @@ class KernelWriter:
     runs once per row, after the reductions it reads (emitted there in dependency order).
     """
 
-    def __init__(self, kernel: FusedKernel):
+    def __init__(self, kernel: FusedKernel, online: bool = False):
         self.kernel = kernel
+        # max reduction -> sum reduction computed with it in one pass (online softmax)
+        self.online = online_softmax_pairs(kernel.exprs) if online else {}
         self.arg_names = {id(buf): f"in{k}" for k, buf in enumerate(kernel.inputs)}
         self.counter = 0
         self.row_block = _Block()
@@ -120,6 +125,11 @@ class KernelWriter:
         """Variable holding ``red`` for this row; computes it first if needed."""
         if red in self.reductions:
             return self.reductions[red]
+        partner = self.online.get(red) or next((m for m, s in self.online.items() if s == red), None)
+        if partner is not None:
+            maximum, total = (red, partner) if red.kind == "max" else (partner, red)
+            self._online_pair(maximum, total)
+            return self.reductions[red]
         number = self.reduction_count
         self.reduction_count += 1  # before recursing: a nested reduction needs its own name
         saved, block = self.stack, _Block()
@@ -130,6 +140,59 @@ class KernelWriter:
         result = f"red{number}"
         self.reductions[red] = result
         return result
+
+    def _online_pair(self, maximum: Reduce, total: Reduce) -> None:
+        """``maximum`` and ``total = sum(exp(A - maximum))`` in one sweep over the row.
+
+        Chunks of ``ONLINE_CHUNK`` elements: the chunk's max (vectorised), then the running
+        sum is rescaled by ``exp(old - new)`` when the max grows and the chunk's
+        ``exp(A - max)`` are added (the chunk is still in L1), so the row is read from
+        memory once for both. While every element so far is -inf the sum stays 0 (each
+        contributes ``exp(-inf - final max) = 0``); a NaN anywhere makes both NaN, as the
+        three-pass form gives.
+        """
+        number = self.reduction_count
+        self.reduction_count += 2
+        ctype = C_TYPES[maximum.dtype]
+        acc_type, _ = _accumulator("sum", total.dtype)
+        running = f"om{number}"
+        saved, block_max = self.stack, _Block()
+        self.stack = [self.row_block, block_max]
+        value_max = self.value(maximum.source)
+        block_sum = _Block()
+        self.stack = [self.row_block, block_sum]
+        self.reductions[maximum] = running
+        self.depends_on_j.add(running)
+        value_sum = self.value(total.source)
+        self.stack = saved
+        inf = f"std::numeric_limits<{ctype}>::infinity()"
+        size, chunk = total.size, min(total.size, ONLINE_CHUNK)
+        lines = [f"{ctype} {running} = -{inf};", f"{acc_type} os{number} = 0;", f"int onan{number} = 0;",
+                 f"for (int64_t jc = 0; jc < {size}; jc += {chunk}) {{",
+                 f"  const int64_t jc_end = std::min<int64_t>(jc + {chunk}, {size});",
+                 f"  {ctype} cm = -{inf};", "  int cnan = 0;",
+                 f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
+                 "  for (int64_t j = jc; j < jc_end; ++j) {"]
+        lines += ["    " + line for line in block_max.lines]
+        lines += [f"    cm = cm > {value_max} ? cm : {value_max};", f"    cnan |= ({value_max} != {value_max});",
+                  "  }", f"  onan{number} |= cnan;",
+                  f"  if (cm > {running}) {{",
+                  f"    os{number} = os{number} * std::exp(static_cast<{acc_type}>({running}) - "
+                  f"static_cast<{acc_type}>(cm));",
+                  f"    {running} = cm;", "  }",
+                  f"  if ({running} == -{inf}) continue;  // all -inf so far: each adds exp(-inf) = 0",
+                  f"  {acc_type} cs = 0;",
+                  f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}",
+                  "  for (int64_t j = jc; j < jc_end; ++j) {"]
+        lines += ["    " + line for line in block_sum.lines]
+        lines += [f"    cs = cs + static_cast<{acc_type}>({value_sum});", "  }", f"  os{number} += cs;", "}"]
+        nan = f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        lines += [f"const {ctype} red{number} = onan{number} ? {nan} : {running};",
+                  f"const {ctype} red{number + 1} = onan{number} ? {nan} : static_cast<{ctype}>(os{number});"]
+        self.row_lines.extend(lines)
+        # readers after the sweep see the final values (the running names stay inside it)
+        self.reductions[maximum] = f"red{number}"
+        self.reductions[total] = f"red{number + 1}"
 
     def _reduction_loop(self, red: Reduce, number: int, body: list[str], value: str) -> list[str]:
         ctype = C_TYPES[red.dtype]
@@ -172,9 +235,10 @@ class KernelBody:
 
 
 @functools.lru_cache(maxsize=256)
-def build_body(kernel: FusedKernel) -> KernelBody:
-    """Emit the loads, math and stores of ``kernel`` (the same for every tiling)."""
-    ctx = KernelWriter(kernel)
+def build_body(kernel: FusedKernel, online: bool = False) -> KernelBody:
+    """Emit the loads, math and stores of ``kernel`` (the same for every tiling but the
+    ``online`` softmax choice)."""
+    ctx = KernelWriter(kernel, online)
     write = _Block()
     ctx.stack = [ctx.row_block, write]
     write_is_row = True
@@ -192,8 +256,25 @@ def build_body(kernel: FusedKernel) -> KernelBody:
 
 
 def render_kernel(kernel: FusedKernel, tiling) -> str:
-    """C++ source of ``kernel`` compiled with ``tiling`` (a CPU ``Tiling``)."""
-    body = build_body(kernel)
+    """C++ source of ``kernel`` compiled with ``tiling`` (a CPU ``Tiling``).
+
+    A tiling with ``col_block`` or ``split`` renders the loop nest of ``reduce_loops``
+    (column or split reduction) in place of the row loop.
+    """
+    from aotpack.backends.cpu import reduce_loops  # builds on this module's writer
+
+    loop_lines = []
+    if getattr(tiling, "col_block", 0):
+        loop_lines = reduce_loops.column_loops(kernel, tiling)
+    elif getattr(tiling, "split", 0):
+        loop_lines = reduce_loops.split_loops(kernel, tiling)
+    online = getattr(tiling, "online", 0)
+    if online == 2:
+        from aotpack.backends.cpu import softmax_store  # builds on this module's writer
+
+        body = softmax_store.build_body(kernel)
+    else:
+        body = build_body(kernel, bool(online))
     clause = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
     row_lines = [line.replace(SIMDLEN_MARK, clause) for line in body.row_lines]
     rows = math.prod(kernel.outer_shape)
@@ -210,5 +291,9 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr, workspace=tiling.workspace,
+<<<<<<< HEAD
         optional_helpers=optional_helpers(body.row_lines + body.write_lines),
+=======
+        loop_lines=loop_lines,
+>>>>>>> reduce
     )

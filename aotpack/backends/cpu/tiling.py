@@ -13,16 +13,27 @@ around it, nearest first, so trimming to TopN keeps the most plausible ones.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
-from aotpack.kernel_ir import FusedKernel
+from aotpack.backends.cpu import softmax_store
+from aotpack.backends.cpu.reduce_loops import split_workspace_bytes
+from aotpack.kernel_ir import FusedKernel, column_access, flat_reductions, online_softmax_pairs
 
 #: Below this many elements per kernel a parallel region costs more than it saves
 #: (an empty 2-thread OpenMP region costs ~0.8 us on a 2-core host).
 PARALLEL_MIN_ELEMENTS = 16384
+
+#: Largest column block of a column reduction (accumulators on the stack: 32 KiB of double).
+MAX_COL_BLOCK = 4096
+#: A reduction of fewer rows than threads is split when its rows are at least this long.
+SPLIT_MIN_COLS = 65536
+#: Rows longer than this (float32: 256 KiB, a quarter of a 1 MiB L2) get the online softmax
+#: as the default candidate: a second sweep would read them from memory again.
+ONLINE_FIRST_COLS = 65536
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,13 @@ class Tiling(Candidate):
     simdlen: ``omp simd simdlen`` (0 = compiler's choice). chunk: work items per
     ``schedule(static, chunk)`` slice (0 = one contiguous slice per thread).
     row_block: rows per work item, swept column tile by column tile — the loop order
-    for transposing access (0 = one row per work item).
+    for transposing access (0 = one row per work item). online: 1 = softmax's max and
+    sum of exp in one sweep over the row (running max, rescaled sum), 0 = one sweep each,
+    2 = that sweep also stores ``exp(x - running max)`` into a softmax output, rescaled
+    per chunk after it (``softmax_store``: exp once per element).
+    col_block: a column reduction (``x.sum(0)``) sweeps rows across blocks of this many
+    outputs (``reduce_loops``; 0 = the row form). split: segments each row is cut into
+    for a reduction of few long rows, partials in the workspace (0 = whole rows).
     """
 
     block_dim: int
@@ -43,13 +60,19 @@ class Tiling(Candidate):
     chunk: int
     row_block: int = 0
     workspace: int = 0
+    online: int = 0
+    col_block: int = 0
+    split: int = 0
 
     @property
     def tiling_repr(self) -> str:
         """``tiling_repr``: every knob, canonical (equal tilings give equal text)."""
         text = (f"cpu;block_dim={self.block_dim};inner_tile={self.inner_tile};"
                 f"simdlen={self.simdlen};chunk={self.chunk}")
-        return text + (f";row_block={self.row_block}" if self.row_block else "")
+        text += f";row_block={self.row_block}" if self.row_block else ""
+        text += f";online={self.online}" if self.online else ""
+        text += f";col_block={self.col_block}" if self.col_block else ""
+        return text + (f";split={self.split}" if self.split else "")
 
 
 def _default_block_dim(numel: int, parallel_items: int, device_limit: int) -> int:
@@ -66,6 +89,10 @@ def solve(kernel: FusedKernel, device_limit: int, count: int = MAX_TOPN) -> list
             whole when it computes a reduction.
         device_limit: cores available to kernels; every block_dim <= it.
     """
+    if flat_reductions(kernel) and column_access(kernel):
+        return _column_options(kernel, device_limit)[:min(count, MAX_TOPN)]
+    if flat_reductions(kernel) and _splits(kernel, device_limit):
+        return _split_options(kernel, device_limit)[:min(count, MAX_TOPN)]
     reduces = kernel.has_reduction
     rows = math.prod(kernel.outer_shape)
     cols = kernel.inner_size
@@ -79,6 +106,12 @@ def solve(kernel: FusedKernel, device_limit: int, count: int = MAX_TOPN) -> list
     if transposing:  # blocked loop order: strided reads reuse cache lines across rows
         default = Tiling(block, min(cols, 32), 0, 0, row_block=16)
     options = [default]
+    if online_softmax_pairs(kernel.exprs):  # long rows leave L2 between sweeps: online first
+        online = dataclasses.replace(default, online=1)
+        options = [online, default] if cols > ONLINE_FIRST_COLS else [default, online]
+        if softmax_store.applies(kernel):  # softmax itself: one read of x, one exp per element
+            options.insert(0, dataclasses.replace(default, online=2))
+        default = options[0]
     if transposing:
         options += [Tiling(block, min(cols, 64), 0, 0, row_block=32), Tiling(block, default_tile, 0, 0)]
     # Nearest neighbours of the default first: thread count, then vector width,
@@ -97,3 +130,53 @@ def solve(kernel: FusedKernel, device_limit: int, count: int = MAX_TOPN) -> list
             seen.add(option.tiling_repr)
             unique.append(option)
     return unique[:min(count, MAX_TOPN)]
+
+
+def _column_options(kernel: FusedKernel, device_limit: int) -> list[Tiling]:
+    """Column reductions: blocks of outputs swept across the reduced rows, default first.
+
+    The default gives each thread one block (its columns, rounded up to whole 8-float
+    vectors, at most ``MAX_COL_BLOCK``); neighbours are narrower blocks (more items,
+    smaller accumulator vectors) and the other thread counts.
+    """
+    outer = tuple(kernel.outer_shape)
+    width, prefix_rows = outer[-1], math.prod(outer[:-1])
+    numel = math.prod(outer) * kernel.inner_size
+    block = _default_block_dim(numel, prefix_rows * -(-width // 8), device_limit)
+    per_prefix = max(1, -(-block // prefix_rows))  # blocks per leading row so every thread has one
+    default_cb = min(MAX_COL_BLOCK, -(-(-(-width // per_prefix)) // 8) * 8)
+    cols = kernel.inner_size
+    options = [Tiling(block, cols, 0, 0, col_block=default_cb)]
+    options += [Tiling(block, cols, 0, 0, col_block=cb) for cb in (1024, 256, 64) if cb < default_cb]
+    options += [Tiling(b, cols, 0, 0, col_block=min(MAX_COL_BLOCK, -(-width // 8) * 8 if b == 1 else default_cb))
+                for b in (1, device_limit) if b != block]
+    options.append(Tiling(block, cols, 0, 0))  # the row form, for PGO to compare
+    return _unique(options)
+
+
+def _splits(kernel: FusedKernel, device_limit: int) -> bool:
+    rows = math.prod(kernel.outer_shape)
+    return device_limit > 1 and rows < device_limit and kernel.inner_size >= SPLIT_MIN_COLS
+
+
+def _split_options(kernel: FusedKernel, device_limit: int) -> list[Tiling]:
+    """Few long rows: each row cut into segments across the threads, default first.
+
+    Default: ``ceil(device_limit / rows)`` segments per row (one per thread); then four
+    times that (balance on a busy host), then the whole-row form on one thread.
+    """
+    rows, cols = math.prod(kernel.outer_shape), kernel.inner_size
+    base = -(-device_limit // rows)
+    options = [Tiling(device_limit, cols, 0, 0, split=s, workspace=split_workspace_bytes(kernel, s))
+               for s in (base, 4 * base)]
+    options.append(Tiling(1, cols, 0, 0))
+    return _unique(options)
+
+
+def _unique(options: list[Tiling]) -> list[Tiling]:
+    unique, seen = [], set()
+    for option in options:
+        if option.tiling_repr not in seen:
+            seen.add(option.tiling_repr)
+            unique.append(option)
+    return unique

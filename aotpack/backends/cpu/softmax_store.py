@@ -1,0 +1,85 @@
+"""The stored-exp softmax form (``Tiling.online == 2``, ``kernel_ir.softmax_output``).
+
+For a kernel writing ``exp(A - M) / S`` with ``M = max(A)``, ``S = sum(exp(A - M))``, one
+chunked sweep per row computes the running max ``m`` and the rescaled sum (as
+``KernelWriter._online_pair``) and also stores ``exp(A - m_c)`` into the output, ``m_c``
+being the running max when chunk ``c`` was read; a second pass over the output multiplies
+chunk ``c`` by ``exp(m_c - M) / S``. The input is read once and ``exp`` runs once per
+element (the three-sweep form reads the row three times and runs ``exp`` twice).
+
+Special values give eager's results: a chunk read while every element so far is -inf
+stores 0 with ``m_c = -inf`` (factor 0 when ``M`` is finite, NaN when the whole row is
+-inf); a NaN or +inf makes ``S`` NaN and so every output NaN.
+"""
+from __future__ import annotations
+
+from aotpack.backends.cpu.formulas import C_TYPES
+from aotpack.backends.cpu.renderer import ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, _accumulator, _Block
+from aotpack.kernel_ir import FusedKernel, softmax_output
+
+#: Most chunks per row (their running maxes live on the stack: 16 KiB of float32).
+MAX_CHUNKS = 4096
+
+
+def applies(kernel: FusedKernel) -> bool:
+    """Whether ``kernel`` is a softmax this form renders."""
+    found = softmax_output(kernel)
+    return found is not None and -(-found[1].size // ONLINE_CHUNK) <= MAX_CHUNKS
+
+
+def build_body(kernel: FusedKernel) -> KernelBody:
+    """The per-row lines of the stored form (no separate write loop)."""
+    maximum, total = softmax_output(kernel)
+    ctx = KernelWriter(kernel)
+    ctype, out_type = C_TYPES[maximum.dtype], C_TYPES[kernel.outputs[0].dtype]
+    acc_type, _ = _accumulator("sum", total.dtype)
+    size, chunk = total.size, min(total.size, ONLINE_CHUNK)
+    chunks = -(-size // chunk)
+    block_max = _Block()
+    ctx.stack = [ctx.row_block, block_max]
+    value_max = ctx.value(maximum.source)
+    block_exp = _Block()
+    ctx.stack = [ctx.row_block, block_exp]
+    ctx.reductions[maximum] = "om"
+    ctx.depends_on_j.add("om")
+    value_exp = ctx.value(total.source)
+    inf = f"std::numeric_limits<{ctype}>::infinity()"
+    nan = f"std::numeric_limits<{ctype}>::quiet_NaN()"
+    out = f"out0[r * {size} + j]"
+    lines = [f"{ctype} om = -{inf};", f"{acc_type} os = 0;", "int onan = 0;", f"{ctype} chunk_max[{chunks}];",
+             f"for (int64_t c = 0; c < {chunks}; ++c) {{",
+             f"  const int64_t jc = c * {chunk};",
+             f"  const int64_t jc_end = std::min<int64_t>(jc + {chunk}, {size});",
+             f"  {ctype} cm = -{inf};", "  int cnan = 0;",
+             f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
+             "  for (int64_t j = jc; j < jc_end; ++j) {"]
+    lines += ["    " + line for line in block_max.lines]
+    lines += [f"    cm = cm > {value_max} ? cm : {value_max};", f"    cnan |= ({value_max} != {value_max});",
+              "  }", "  onan |= cnan;",
+              "  if (cm > om) {",
+              f"    os = os * std::exp(static_cast<{acc_type}>(om) - static_cast<{acc_type}>(cm));",
+              "    om = cm;", "  }",
+              "  chunk_max[c] = om;",
+              f"  if (om == -{inf}) {{  // all -inf so far: 0 now, scaled to eager's 0 or NaN below",
+              f"    #pragma omp simd{SIMDLEN_MARK}",
+              f"    for (int64_t j = jc; j < jc_end; ++j) {out} = 0;",
+              "    continue;", "  }",
+              f"  {acc_type} cs = 0;",
+              f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}",
+              "  for (int64_t j = jc; j < jc_end; ++j) {"]
+    lines += ["    " + line for line in block_exp.lines]
+    lines += [f"    {out} = static_cast<{out_type}>({value_exp});",
+              f"    cs = cs + static_cast<{acc_type}>({value_exp});", "  }", "  os += cs;", "}",
+              f"const {acc_type} total = onan ? {nan} : static_cast<{acc_type}>(static_cast<{ctype}>(os));",
+              f"const {acc_type} final_max = onan ? {nan} : static_cast<{acc_type}>(om);",
+              f"for (int64_t c = 0; c < {chunks}; ++c) {{",
+              f"  const int64_t jc = c * {chunk};",
+              f"  const int64_t jc_end = std::min<int64_t>(jc + {chunk}, {size});",
+              f"  const {out_type} factor = static_cast<{out_type}>("
+              f"std::exp(static_cast<{acc_type}>(chunk_max[c]) - final_max) / total);",
+              f"  #pragma omp simd{SIMDLEN_MARK}",
+              f"  for (int64_t j = jc; j < jc_end; ++j) {out} = {out} * factor;",
+              "}"]
+    args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
+    args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
+    return KernelBody(args, ctx.row_lines + lines, [], False, True)

@@ -1,0 +1,220 @@
+"""Reduction loop forms (online softmax, column, split) against eager PyTorch.
+
+Each model is lowered once; every candidate of the loop form under test is compiled and
+run in Python mode (the archive's kernels, launched through their wrappers), and each
+one's outputs are compared with eager. Tolerances: softmax 1e-6 absolute (float32
+outputs <= 1); sums 1e-5 relative + 1e-5 absolute (double accumulators, summed in
+another order than ATen's).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import textwrap
+
+import pytest
+import torch
+
+from aotpack import backends, cache, candidates
+from aotpack import compile as compile_stage
+from aotpack.autotune import PythonModeRun
+from aotpack.backends.cpu import tiling
+from aotpack.config import Settings
+from aotpack.export import export_model, load_model_file
+from aotpack.lowering import lower
+from aotpack.build import build
+from aotpack.package import read_manifest
+from conftest import assert_native_parity
+
+pytestmark = pytest.mark.native
+
+DEVICE_LIMIT = 4  # split needs rows < device limit: 4 threads (oversubscribed on 2 cores is fine)
+
+
+def write_model(tmp_path, name: str, forward: str, *inputs: str):
+    """A model file whose ``forward(x, x1, x2, ...)`` runs ``forward`` on ``inputs`` (expressions
+    over a seeded generator ``g``)."""
+    path = tmp_path / f"{name}.py"
+    body = textwrap.indent(textwrap.dedent(forward).strip(), " " * 8)
+    names = ", ".join(["x"] + [f"x{k}" for k in range(1, len(inputs))])
+    path.write_text(f"import torch\n\n\nclass M(torch.nn.Module):\n    def forward(self, {names}):\n{body}\n\n\n"
+                    f"def model():\n    return M()\n\n\ndef example_inputs():\n"
+                    f"    g = torch.Generator().manual_seed(0)\n    return ({', '.join(inputs)},)\n")
+    return path
+
+
+def run_forms(path, cache_dir, keep, most: int = 2) -> tuple[list[str], list[list[torch.Tensor]], list, object]:
+    """(tiling_reprs, outputs per forced candidate, eager outputs, graph) for the first
+    ``most`` candidates ``keep(tiling)`` selects among every kernel's solver candidates.
+
+    Run ``i`` forces, for every kernel, its ``i``-th kept candidate (the last one when it has
+    fewer; kernels with none kept run their default)."""
+    backend = backends.get("cpu")
+    settings = Settings(topn=10, cache_dir=cache_dir, device_limit=DEVICE_LIMIT, backend="cpu")
+    model_file = load_model_file(path)
+    graph = lower(export_model(model_file), backend.dtypes)
+    sets = {}
+    for kid, cs in candidates.prepare(graph, backend, settings).items():
+        chosen = tuple(c for c in cs.candidates if keep(c))[:most] or cs.candidates[:1]
+        sources = tuple(backend.render_kernel(cs.kernel, c) for c in chosen)
+        sets[kid] = dataclasses.replace(cs, candidates=chosen, sources=sources,
+                                        wrapper_source=backend.render_wrapper(list(chosen)))
+    toolchain = backend.toolchain(settings)
+    folders = compile_stage.kernel_folders(sets, backend, settings, toolchain)
+    store = compile_stage.binary_store(backend, settings, toolchain)
+    inputs = tuple(model_file.example_inputs)
+    with torch.no_grad():
+        eager = model_file.module.eval()(*[t.clone() for t in inputs])
+    eager = list(eager) if isinstance(eager, (tuple, list)) else [eager]
+    reprs, runs = [], []
+    with cache.locked([f.path for f in folders.values()]):
+        compiled, _ = compile_stage.compile_all(sets, folders, toolchain, store, settings)
+        runner = PythonModeRun(graph, compiled, backend)
+        count = max(len(cs.candidates) for cs in sets.values())
+        for i in range(count):
+            runner.winners = {kid: min(i, len(cs.candidates) - 1) for kid, cs in sets.items()}
+            runs.append([t.clone() for t in runner.run(inputs)])
+            reprs.append(" | ".join(cs.candidates[runner.winners[kid]].tiling_repr for kid, cs in sets.items()))
+    return reprs, runs, eager, graph
+
+
+def assert_close(runs, reprs, eager, atol, rtol=0.0):
+    for tiling_text, outs in zip(reprs, runs):
+        assert len(outs) == len(eager)
+        for k, (ours, ref) in enumerate(zip(outs, eager)):
+            assert ours.shape == ref.shape, (tiling_text, k)
+            torch.testing.assert_close(ours, ref, atol=atol, rtol=rtol, equal_nan=True,
+                                       msg=lambda m: f"{tiling_text} output {k}: {m}")
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("reductions-cache")
+
+
+# ----------------------------------------------------------------------------- online softmax
+
+
+def test_online_softmax_matches_eager(tmp_path, kernel_cache):
+    # odd widths (7x13, 1x257), 4097 columns (a partial chunk, rows not a multiple of the
+    # vector width), a 70000-element row (online sweep first); values up to +-150
+    shapes = [(7, 13), (1, 257), (3, 4097), (2, 70000)]
+    forward = """
+        xs = (x, x1, x2, x3)
+        return tuple(torch.softmax(t, -1) for t in xs) + tuple(torch.log_softmax(t, -1) for t in xs)
+    """
+    path = write_model(tmp_path, "softmax", forward, *(f"torch.randn({s}, generator=g) * 30" for s in shapes))
+    reprs, runs, eager, _ = run_forms(path, kernel_cache, lambda t: t.online, most=3)
+    assert any("online=2" in r for r in reprs) and any("online=1" in r for r in reprs)
+    # log_softmax of a 70000-element row: |x - max - log(sum)| ~ 300 in float32 (ulp 3e-5)
+    assert_close(runs, reprs, eager, atol=1e-6, rtol=2e-7)
+
+
+def test_online_softmax_special_values(tmp_path, kernel_cache):
+    # row 0: all -inf (NaN, as eager); row 1: -inf before the first finite chunk;
+    # row 2: a +inf; row 3: a NaN; row 4: 1e30-scale values; row 5: -1e30 plus one finite
+    forward = """
+        y = x.clone()
+        y[0] = float("-inf")
+        y[1, :2000] = float("-inf")
+        y[2, 1500] = float("inf")
+        y[3, 10] = float("nan")
+        y[4] = y[4] * 1e30
+        y[5] = -1e30
+        y[5, 3000] = 1.0
+        return torch.softmax(y, -1), torch.log_softmax(y, -1)
+    """
+    path = write_model(tmp_path, "softmax_special", forward, "torch.randn(6, 4100, generator=g)")
+    reprs, runs, eager, _ = run_forms(path, kernel_cache, lambda t: t.online)
+    assert any("online=1" in r for r in reprs)
+    assert_close(runs, reprs, eager, atol=1e-6)
+
+
+def test_online_softmax_over_a_transposed_input(tmp_path, kernel_cache):
+    path = write_model(tmp_path, "softmax_t", "return torch.softmax(x.t(), -1)",
+                       "torch.randn(300, 9, generator=g)")
+    reprs, runs, eager, _ = run_forms(path, kernel_cache, lambda t: t.online)
+    assert_close(runs, reprs, eager, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- column reductions
+
+
+def test_column_reductions_match_eager(tmp_path, kernel_cache):
+    forward = """
+        return (x.sum(0), x.mean(0, keepdim=True), x.amax(0), x.amin(0, keepdim=True),
+                x[1:, ::2].sum(0), x.t().contiguous().t().sum(0))
+    """
+    path = write_model(tmp_path, "columns", forward, "torch.randn(37, 4097, generator=g) * 10")
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: t.col_block)
+    assert all("col_block=" in r for r in reprs[:1])
+    assert not graph.extern_calls()
+    assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_column_reductions_odd_shapes_and_nan(tmp_path, kernel_cache):
+    # 7x13 and 9x11 over dim 0, [5, 9, 13] over the middle dim, [6, 5, 19] over (0, 1); a NaN
+    # in each input for amax/amin
+    cases = [((7, 13), (0,)), ((5, 9, 13), (1,)), ((6, 5, 19), (0, 1)), ((9, 11), (0,))]
+    lines = ["outs = []"]
+    for k, (_, dims) in enumerate(cases):
+        name = "x" if k == 0 else f"x{k}"
+        lines += [f"y = {name}.clone()", "y.view(-1)[3] = float('nan')",
+                  f"outs += [{name}.sum({dims}), y.amax({dims}), {name}.mean({dims}, keepdim=True), y.amin({dims})]"]
+    lines.append("return tuple(outs)")
+    path = write_model(tmp_path, "columns_odd", "\n".join(lines),
+                       *(f"torch.randn({shape}, generator=g)" for shape, _ in cases))
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: t.col_block)
+    assert sum(1 for k in graph.distinct_kernels() if any(c.col_block for c in tiling.solve(k, DEVICE_LIMIT))) >= 12
+    assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_column_reduction_of_a_transposed_input_uses_the_row_form(tmp_path, kernel_cache):
+    # x.t() is [C, R] with strides (1, C): its dim-0 sum reads rows: no column form needed
+    path = write_model(tmp_path, "columns_t", "return x.t().sum(0)", "torch.randn(33, 70, generator=g)")
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: True)
+    (kernel,) = graph.kernels
+    assert not any(c.col_block for c in tiling.solve(kernel, DEVICE_LIMIT))
+    assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- split reductions
+
+
+def test_split_reduction_records_workspace_and_matches_eager(tmp_path, kernel_cache):
+    forward = """
+        y = x.clone()
+        y[0, 123456] = float("nan")
+        return x.sum(), x.mean(-1, keepdim=True), x.amax(-1), y.amax(-1)
+    """
+    path = write_model(tmp_path, "split", forward, "torch.randn(1, 300001, generator=g)")
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: t.split)
+    reducing = [k for k in graph.distinct_kernels() if k.has_reduction]
+    assert len(reducing) == 4
+    for kernel in reducing:
+        default = tiling.solve(kernel, DEVICE_LIMIT)[0]
+        assert default.split == DEVICE_LIMIT
+        assert default.workspace == 64  # one 16-byte slot per segment, 64-byte aligned
+        assert f"|{default.workspace}|{DEVICE_LIMIT}" in default.optimize_tiling
+    assert all("split=" in r for r in reprs)
+    assert_close(runs, reprs, eager, atol=1e-3, rtol=1e-6)
+
+
+def test_split_reduction_workspace_in_the_manifest(tmp_path):
+    """A built archive records the split kernel's workspace; the native runtime allocates it."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("a split needs 2 cores (the build caps the device limit at the cores present)")
+    path = write_model(tmp_path, "split_built", "return x.sum(-1), x.amax(-1)",
+                       "torch.rand(1, 200000, generator=g) + 1")
+    settings = Settings.from_env(topn=1, cache_dir=tmp_path / "cache", device_limit=2)
+    result = build(path, tmp_path / "dist", settings=settings)
+    kernels = read_manifest(result.archive)["kernels"]
+    assert [(k["block_dim"], k["workspace"]) for k in kernels] == [(2, split_bytes(1, 2))] * 2
+    assert all(k["tiling_repr"].endswith(";split=2") for k in kernels)
+    assert_native_parity(result.archive, path, tmp_path, atol=1e-3, rtol=1e-6)
+
+
+def split_bytes(rows: int, threads: int) -> int:
+    segments = math.ceil(threads / rows)
+    return math.ceil(rows * segments * 16 / 64) * 64
