@@ -663,17 +663,13 @@ class Lowerer:
         red_shape_src = outer + (inner,)
         if src_fn is None:
             def src_fn(index):
-<<<<<<< HEAD
-                value = source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
-                return value if source.dtype == out_dtype else Cast(value, out_dtype)
-=======
                 full = [None] * len(shape)
                 for d, idx in zip(kept, index[:-1]):
                     full[d] = idx
                 for d, idx in zip(dims, unflatten_index(index[-1], reduced_shape)):
                     full[d] = idx
-                return source.expr(full)
->>>>>>> reduce
+                value = source.expr(full)
+                return value if source.dtype == out_dtype else Cast(value, out_dtype)
         lazy = [source] if isinstance(source, Lazy) and source.realized is None else []
         src = Pointwise(red_shape_src, source.dtype, src_fn)
         return Reduction(out_shape, out_dtype, src, outer, inner, kind,
@@ -712,13 +708,9 @@ class Lowerer:
         correction = 1 if correction is None else correction
         shape = tuple(source.shape)
         inner = math.prod(shape[first:])
-<<<<<<< HEAD
-        row_mean = self._make_reduction(node, source, "sum", True, first, True, source.dtype)
-
-=======
         reduced = tuple(range(first, len(shape)))
-        mean = self._make_reduction(node, source, "sum", True, reduced, True, source.dtype)
->>>>>>> reduce
+        row_mean = self._make_reduction(node, source, "sum", True, reduced, True, source.dtype)
+
         def squared_deviation(index):
             x = source.expr(index[:-1] + unflatten_index(index[-1], shape[first:]))
             m = row_mean.expr(index[:-1] + [Index.constant(0)] * (len(shape) - first))

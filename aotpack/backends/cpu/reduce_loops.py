@@ -92,7 +92,7 @@ def column_loops(kernel: FusedKernel, tiling) -> list[str]:
     lines.append(f"for (int64_t item = 0; item < {items}; ++item) {{")
     body = [f"const int64_t p = item / {blocks};",
             f"const int64_t c0 = (item % {blocks}) * {block};",
-            f"const int64_t width = std::min<int64_t>({block}, {width_total} - c0);"]
+            f"const int64_t width = ap::min_index({block}, {width_total} - c0);"]
     for k, (stride, size) in enumerate(zip(contiguous_strides(prefix), prefix)):
         if size > 1:  # as in the row form, loads never name a size-1 row variable
             body.append(f"const int64_t i{k} = (p / {stride}) % {size};")
@@ -129,8 +129,8 @@ def split_loops(kernel: FusedKernel, tiling) -> list[str]:
     lines = ["char* const workspace = static_cast<char*>(launch->workspace);"]
     lines += _parallel_for(tiling.block_dim, items)
     body = [f"const int64_t r = item / {split};",
-            f"const int64_t j_begin = std::min<int64_t>((item % {split}) * {segment}, {size});",
-            f"const int64_t j_end = std::min<int64_t>(j_begin + {segment}, {size});"]
+            f"const int64_t j_begin = ap::min_index((item % {split}) * {segment}, {size});",
+            f"const int64_t j_end = ap::min_index(j_begin + {segment}, {size});"]
     for k, (stride, dim) in enumerate(zip(contiguous_strides(outer), outer)):
         if dim > 1:
             body.append(f"const int64_t i{k} = (r / {stride}) % {dim};")

@@ -169,7 +169,7 @@ class KernelWriter:
         size, chunk = total.size, min(total.size, ONLINE_CHUNK)
         lines = [f"{ctype} {running} = -{inf};", f"{acc_type} os{number} = 0;", f"int onan{number} = 0;",
                  f"for (int64_t jc = 0; jc < {size}; jc += {chunk}) {{",
-                 f"  const int64_t jc_end = std::min<int64_t>(jc + {chunk}, {size});",
+                 f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
                  f"  {ctype} cm = -{inf};", "  int cnan = 0;",
                  f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
                  "  for (int64_t j = jc; j < jc_end; ++j) {"]
@@ -177,7 +177,7 @@ class KernelWriter:
         lines += [f"    cm = cm > {value_max} ? cm : {value_max};", f"    cnan |= ({value_max} != {value_max});",
                   "  }", f"  onan{number} |= cnan;",
                   f"  if (cm > {running}) {{",
-                  f"    os{number} = os{number} * std::exp(static_cast<{acc_type}>({running}) - "
+                  f"    os{number} = os{number} * ap::exp(static_cast<{acc_type}>({running}) - "
                   f"static_cast<{acc_type}>(cm));",
                   f"    {running} = cm;", "  }",
                   f"  if ({running} == -{inf}) continue;  // all -inf so far: each adds exp(-inf) = 0",
@@ -291,9 +291,6 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr, workspace=tiling.workspace,
-<<<<<<< HEAD
         optional_helpers=optional_helpers(body.row_lines + body.write_lines),
-=======
         loop_lines=loop_lines,
->>>>>>> reduce
     )

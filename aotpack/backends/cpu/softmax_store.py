@@ -49,7 +49,7 @@ def build_body(kernel: FusedKernel) -> KernelBody:
     lines = [f"{ctype} om = -{inf};", f"{acc_type} os = 0;", "int onan = 0;", f"{ctype} chunk_max[{chunks}];",
              f"for (int64_t c = 0; c < {chunks}; ++c) {{",
              f"  const int64_t jc = c * {chunk};",
-             f"  const int64_t jc_end = std::min<int64_t>(jc + {chunk}, {size});",
+             f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
              f"  {ctype} cm = -{inf};", "  int cnan = 0;",
              f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
              "  for (int64_t j = jc; j < jc_end; ++j) {"]
@@ -57,7 +57,7 @@ def build_body(kernel: FusedKernel) -> KernelBody:
     lines += [f"    cm = cm > {value_max} ? cm : {value_max};", f"    cnan |= ({value_max} != {value_max});",
               "  }", "  onan |= cnan;",
               "  if (cm > om) {",
-              f"    os = os * std::exp(static_cast<{acc_type}>(om) - static_cast<{acc_type}>(cm));",
+              f"    os = os * ap::exp(static_cast<{acc_type}>(om) - static_cast<{acc_type}>(cm));",
               "    om = cm;", "  }",
               "  chunk_max[c] = om;",
               f"  if (om == -{inf}) {{  // all -inf so far: 0 now, scaled to eager's 0 or NaN below",
@@ -74,9 +74,9 @@ def build_body(kernel: FusedKernel) -> KernelBody:
               f"const {acc_type} final_max = onan ? {nan} : static_cast<{acc_type}>(om);",
               f"for (int64_t c = 0; c < {chunks}; ++c) {{",
               f"  const int64_t jc = c * {chunk};",
-              f"  const int64_t jc_end = std::min<int64_t>(jc + {chunk}, {size});",
+              f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
               f"  const {out_type} factor = static_cast<{out_type}>("
-              f"std::exp(static_cast<{acc_type}>(chunk_max[c]) - final_max) / total);",
+              f"ap::exp(static_cast<{acc_type}>(chunk_max[c]) - final_max) / total);",
               f"  #pragma omp simd{SIMDLEN_MARK}",
               f"  for (int64_t j = jc; j < jc_end; ++j) {out} = {out} * factor;",
               "}"]
