@@ -312,6 +312,7 @@ class Graph:
     kernels: list  # kernel_ir.FusedKernel, in creation order
     mutated_buffers: list[str] = field(default_factory=list)  # constants written in place
     mutated_inputs: list[str] = field(default_factory=list)  # caller's inputs written in place
+    packed: list = field(default_factory=list)  # gemm.PackedWeight: weights packed once at load
 
     def distinct_kernels(self) -> list:
         """One ``FusedKernel`` per ``kernel_id`` (repeated layers share one), in first-use order."""
@@ -351,6 +352,9 @@ def _dump_steps(steps: list, indent: str) -> list[str]:
             lines.append(f"{indent}extern {step.op}")
         elif isinstance(step, CopyBack):
             lines.append(f"{indent}copy into {step.target.name}")
+        elif hasattr(step, "variants"):  # gemm.GemmStep (before tuning picks a variant)
+            lines.append(f"{indent}gemm {step.name} {step.kind} {step.shape} +{step.epilogue} "
+                         f"[{', '.join(v.name for v in step.variants)}]")
         elif isinstance(step, CondStep):
             lines.append(f"{indent}cond")
             lines += _dump_steps(step.true_steps, indent + "  then ")

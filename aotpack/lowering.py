@@ -17,7 +17,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import extern, ops, views
+from aotpack import extern, gemm_lowering, gemm_match, ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
@@ -53,6 +53,9 @@ class Lowerer:
         self.constants: list[Buffer] = []
         self.constant_tensors: dict[str, torch.Tensor] = {}
         self.counter = 0
+        self.packed: list = []  # gemm.PackedWeight
+        self.gemms: dict = {}  # final FX node -> gemm_match.GemmMatch
+        self.absorbed: set = set()  # FX nodes a GEMM match lowers (all but its final node)
 
     # ------------------------------------------------------------------ entry
     def run(self) -> Graph:
@@ -60,6 +63,10 @@ class Lowerer:
         placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
         for node, spec in zip(placeholders, self.ep.graph_signature.input_specs):
             self.env[node] = self._placeholder(node, spec)
+        weights = {node.name for node, spec in zip(placeholders, self.ep.graph_signature.input_specs)
+                   if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
+        self.gemms = gemm_match.find(self.ep.graph, weights)
+        self.absorbed = {n for m in self.gemms.values() for n in m.nodes[:-1]}
         outputs, mutated = [], {"constant": [], "input": []}
         for node in self.ep.graph.nodes:
             if node.op == "call_function":
@@ -69,7 +76,7 @@ class Lowerer:
             elif node.op == "get_attr":  # a control-flow branch; its user reports it
                 self.env[node] = getattr(self.ep.graph_module, node.target)
         return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
-                     outputs, self.kernels, mutated["constant"], mutated["input"])
+                     outputs, self.kernels, mutated["constant"], mutated["input"], self.packed)
 
     def _placeholder(self, node, spec) -> Buffer:
         val = _meta(node)
@@ -162,6 +169,19 @@ class Lowerer:
 
     # ------------------------------------------------------------------ dispatch
     def _call(self, node):
+        if node in self.absorbed:  # lowered with its GEMM match, at the match's last node
+            return None
+        if node in self.gemms:
+            return gemm_lowering.lower(self, self.gemms[node])
+        return self._call_op(node)
+
+    def lower_nodes(self, nodes) -> Any:
+        """Lower ``nodes`` one by one as ordinary ops (no GEMM matching); the last one's value."""
+        for node in nodes:
+            self.env[node] = self._call_op(node)
+        return self.env[nodes[-1]]
+
+    def _call_op(self, node):
         op = node.target
         if op is operator.getitem:
             return self.env[node.args[0]][node.args[1]]

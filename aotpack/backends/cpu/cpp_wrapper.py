@@ -75,6 +75,7 @@ class RunEmitter:
         self.ops: list[tuple[str, str]] = []
         self.temp = 0
         self.declared = 0
+        self.pack_lines: list[str] = []
 
     def name(self, buf: Buffer) -> str:
         """C++ variable holding ``buf``'s handle."""
@@ -102,6 +103,10 @@ class RunEmitter:
         for i, buf in enumerate(self.graph.constants):
             self.names[id(buf)] = f"c{i}"
             self.lines.append(f"Tensor c{i}(m.constants[{i}], false);")
+        for i, packed in enumerate(self.graph.packed):
+            self.names[id(packed.buffer)] = f"p{i}"
+            self.lines.append(f"Tensor p{i}(m.packed[{i}], false);")
+            self._pack(i, packed)
         last_use = self._last_uses()
         for index, step in enumerate(self.graph.steps):
             self._step(step)
@@ -125,6 +130,8 @@ class RunEmitter:
             self._copy_back(step)
         elif isinstance(step, CondStep):
             self._cond(step)
+        else:
+            raise AotpackError(f"internal error: {type(step).__name__} step left in the graph at codegen")
         self.lines.append("}")
 
     def _cond(self, step: CondStep) -> None:
@@ -149,7 +156,22 @@ class RunEmitter:
         self.declared += 1
 
     def _decl_pos(self) -> int:
-        return len(self.graph.inputs) + len(self.graph.constants)
+        return len(self.graph.inputs) + len(self.graph.constants) + len(self.graph.packed)
+
+    def _pack(self, index: int, packed) -> None:
+        """Lines of ``create()`` that pack a weight once (``gemm.PackedWeight``) into m.packed."""
+        saved, self.lines = self.lines, []
+        constants = {id(b): i for i, b in enumerate(self.graph.constants)}
+        exprs = []
+        for arg in packed.args:
+            if arg.kind == "tensor":
+                exprs.append(f"arg_tensor(Tensor(m.constants[{constants[id(arg.value[0])]}], false))")
+            else:
+                exprs.append(self._arg(arg))
+        body, self.lines = self.lines, saved
+        self.pack_lines += ["{", *body, f"const AotpackArg a[] = {{{', '.join(exprs)}}};",
+                            f"check(g_host->call_op(m.ops[{self._op_slot(packed.op)}], a, {len(exprs)}, "
+                            f"&m.packed[{index}], 1), \"packing {packed.buffer.name} ({packed.op})\");", "}"]
 
     def _kernel(self, step: KernelCall) -> None:
         kernel = step.kernel
@@ -262,5 +284,6 @@ def generate(graph: Graph, kernels: list, meta: dict) -> str:
     emitter = RunEmitter(graph, kernel_index)
     lines = emitter.emit()
     return render("model.cpp.j2", kernels=[kernel_literal(k, w) for k, w in kernels], ops=emitter.ops,
-                  run_lines=lines, num_constants=len(graph.constants), num_inputs=len(graph.inputs),
+                  run_lines=lines, pack_lines=emitter.pack_lines, num_packed=len(graph.packed),
+                  num_constants=len(graph.constants), num_inputs=len(graph.inputs),
                   num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)
