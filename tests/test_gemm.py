@@ -55,7 +55,10 @@ def test_manifest_lists_candidates_timings_and_the_fastest_wins(rotated):
 def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
     files = reader.read_all(rotated.archive)
     source = files["model/model.cpp"].decode()
-    assert '"mkldnn::_linear_pointwise", "binary"' in source or "mkldnn::_linear_pointwise" in source
+    # winners are called typed (unboxed), their handles resolved once at load (host ABI 1.1)
+    for op in ("aten::addmm", "mkl::_mkl_linear", "mkldnn::_linear_pointwise", "mkldnn::_convolution_pointwise"):
+        assert f'find_typed("{op}", ""' in source
+    assert "call_typed(m.typed[" in source and "call_op(" not in source.split("void run(")[1]
     assert "mkldnn::_reorder_linear_weight" in source and "mkldnn::_reorder_convolution_weight" in source
     assert "#include <ATen" not in source
     # the archive holds only dense weights, and only the epilogue kernels of ATen/MKL winners

@@ -31,6 +31,13 @@ MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1,
                   torch.channels_last: 2, torch.channels_last_3d: 3}
 
 
+#: Ops model.so calls typed (unboxed) through the host's ``call_typed`` (host ABI 1.1),
+#: their handles resolved once in ``create()``: the GEMM/conv implementations aotpack tunes.
+TYPED_OPS = {("aten::addmm", ""), ("aten::mm", ""), ("aten::bmm", ""), ("aten::convolution", ""),
+             ("mkl::_mkl_linear", ""), ("mkldnn::_linear_pointwise", ""),
+             ("mkldnn::_linear_pointwise", "binary"), ("mkldnn::_convolution_pointwise", "")}
+
+
 def dtype_code(dtype: torch.dtype) -> int:
     """c10::ScalarType code of ``dtype``.
 
@@ -73,6 +80,7 @@ class RunEmitter:
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
         self.ops: list[tuple[str, str]] = []
+        self.typed: list[tuple[str, str]] = []
         self.temp = 0
         self.declared = 0
         self.pack_lines: list[str] = []
@@ -188,7 +196,25 @@ class RunEmitter:
             self.ops.append(key)
         return self.ops.index(key)
 
+    def _typed(self, step: ExternCall) -> None:
+        """A typed call: every schema argument, one result, no IValue stack."""
+        key = (step.op._schema.name, step.op._schema.overload_name)
+        if key not in self.typed:
+            self.typed.append(key)
+        arg_exprs = [self._arg(arg) for arg in step.args]
+        buf = step.outputs[0]
+        self.lines.append(f"const AotpackArg a[] = {{{', '.join(arg_exprs)}}};")
+        self.lines.append("AotpackTensor out = nullptr;")
+        self.lines.append(f"check(g_host->call_typed(m.typed[{self.typed.index(key)}], a, {len(arg_exprs)}, &out), "
+                          f"\"{step.op}\");")
+        self._declare(buf)
+        self.lines.append(f"b_{buf.name} = conform(Tensor(out, true), {_dims(buf.shape)}, "
+                          f"{_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+
     def _extern(self, step: ExternCall) -> None:
+        key = (step.op._schema.name, step.op._schema.overload_name)
+        if key in TYPED_OPS and len(step.outputs) == 1 and step.outputs[0] is not None:
+            return self._typed(step)
         arg_exprs = [self._arg(arg) for arg in step.args]
         self.lines.append(f"const AotpackArg a[] = {{{', '.join(arg_exprs) or 'arg_none()'}}};")
         count = len(step.outputs)
@@ -284,6 +310,7 @@ def generate(graph: Graph, kernels: list, meta: dict) -> str:
     emitter = RunEmitter(graph, kernel_index)
     lines = emitter.emit()
     return render("model.cpp.j2", kernels=[kernel_literal(k, w) for k, w in kernels], ops=emitter.ops,
+                  typed=emitter.typed,
                   run_lines=lines, pack_lines=emitter.pack_lines, num_packed=len(graph.packed),
                   num_constants=len(graph.constants), num_inputs=len(graph.inputs),
                   num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)
