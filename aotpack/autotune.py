@@ -23,6 +23,7 @@ import torch
 from aotpack import timing
 from aotpack.compile import CompiledSet
 from aotpack.errors import AotpackError
+from aotpack.gemm import GemmStep, gemm_steps
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 
 log = logging.getLogger("aotpack")
@@ -56,9 +57,32 @@ def time_candidates(launcher, keys: list[str], args) -> timing.Timing:
     return timing.measure(launcher, keys, args)
 
 
+def time_functions(functions: list) -> tuple[list[float], list[float]]:
+    """(median us per call, max/median spread) of each callable, rounds interleaved
+    (the same warm-up, sample length and rounds as ``time_candidates``)."""
+    counts = []
+    for fn in functions:
+        start = time.perf_counter_ns()
+        for _ in range(WARMUP_LAUNCHES):
+            fn()
+        per_call = max(1, (time.perf_counter_ns() - start) // WARMUP_LAUNCHES)
+        counts.append(max(1, min(1000, MIN_SAMPLE_NS // per_call)))
+    samples = [[] for _ in functions]
+    for _ in range(ROUNDS):
+        for fn, count, found in zip(functions, counts, samples):
+            start = time.perf_counter_ns()
+            for _ in range(count):
+                fn()
+            found.append((time.perf_counter_ns() - start) / count / 1000.0)
+    medians = [statistics.median(s) for s in samples]
+    return medians, [max(s) / m for s, m in zip(samples, medians)]
+
+
 def _view(env, parts) -> torch.Tensor:
     base, sizes, strides, offset = parts
     tensor = env[id(base)]
+    if base.kind == "packed":  # an opaque blocked tensor: always passed whole
+        return tensor
     return torch.as_strided(tensor, sizes, strides, tensor.storage_offset() + offset)
 
 
@@ -117,6 +141,12 @@ class PythonModeRun:
         self.captured = captured
         self.to_tune = sum(1 for kid, c in compiled.items()
                            if not c.cached_choice and len(c.candidate_set.candidates) > 1)
+        self.packed: dict[int, torch.Tensor] = {}
+        #: GEMM steps: key -> (step, [timings per input set]); winners, timings, visited keys
+        self.gemm_samples: dict[str, tuple] = {}
+        self.gemm_winners: dict[str, int] = {}
+        self.gemm_timings: dict[str, tuple] = {}
+        self.gemm_visited: set = set()
 
     def run(self, inputs: tuple) -> list[torch.Tensor]:
         """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
@@ -125,6 +155,11 @@ class PythonModeRun:
             env[id(buf)] = _conform(tensor.detach().clone(), buf)
         for buf in self.graph.constants:
             env[id(buf)] = self.graph.constant_tensors[buf.name].clone()
+        for packed in self.graph.packed:  # packed once, as the model does at load
+            if id(packed.buffer) not in self.packed:
+                args, kwargs = _extern_args(env, packed)
+                self.packed[id(packed.buffer)] = packed.op(*args, **kwargs)
+            env[id(packed.buffer)] = self.packed[id(packed.buffer)]
         self._execute(self.graph.steps, env)
         return [_view(env, parts) for parts in self.graph.outputs]
 
@@ -149,6 +184,53 @@ class PythonModeRun:
             elif isinstance(step, CopyBack):
                 src = step.source
                 env[id(step.target)].copy_(_view(env, (src.base, src.shape, src.strides, src.offset)))
+            elif isinstance(step, GemmStep):
+                self._gemm(step, env)
+
+    def _gemm(self, step: GemmStep, env) -> None:
+        """Run a GEMM step; until it is tuned, time every variant on this input set.
+
+        Variant 0 (ATen) runs first as a normal step (tuning its epilogue kernel and
+        computing the output, which every variant computes alike); then each variant is
+        timed as the calls it makes (arguments prepared once, kernels at their best
+        candidate so far), so Python overhead does not favour single-call variants.
+        """
+        self.gemm_visited.add(step.key)
+        winner = self.gemm_winners.get(step.key)
+        if winner is not None or len(step.variants) == 1:
+            self._execute(step.variants[winner or 0].steps, env)
+            return
+        self._execute(step.variants[0].steps, env)
+        calls = [self._calls(variant.steps, env) for variant in step.variants]
+        timed = time_functions([lambda fns=fns: [fn() for fn in fns] for fns in calls])
+        self.gemm_samples.setdefault(step.key, (step, []))[1].append(timed)
+
+    def _calls(self, steps: list, env) -> list:
+        """One callable per step, its arguments taken from ``env`` now (timing only)."""
+        calls = []
+        for step in steps:
+            if isinstance(step, ExternCall):
+                args, kwargs = _extern_args(env, step)
+                out = step.outputs[0]
+                calls.append(lambda op=step.op, a=args, k=kwargs, b=out: _conform(op(*a, **k), b))
+            elif isinstance(step, KernelCall):
+                kid = step.kernel.kernel_id
+                launcher = self._launcher(kid)
+                launch_args = launcher.arguments([env[id(b)] for b in step.reads() + step.writes()])
+                key = self.compiled[kid].candidate_set.candidates[self._best_so_far(kid)].kernel_key
+                calls.append(lambda l=launcher, k=key, a=launch_args: l.launch(k, a))
+        return calls
+
+    def _best_so_far(self, kid: str) -> int:
+        """The kernel's winner, else its fastest candidate in the sets timed so far, else 0."""
+        if kid in self.winners:
+            return self.winners[kid]
+        samples = self.samples.get(kid)
+        if not samples:
+            return 0
+        count = len(samples[0][0])
+        means = [statistics.fmean(s[0][i] for s in samples) for i in range(count)]
+        return min(range(count), key=means.__getitem__)
 
     def _launcher(self, kid: str):
         if kid not in self.launchers:
@@ -201,6 +283,14 @@ class PythonModeRun:
                         "choices may differ on an idle machine and are cached: rebuild with --retune when "
                         "it is idle", len(contended), "" if len(contended) == 1 else "s", ", ".join(contended))
         self.samples.clear()
+        for key, (step, samples) in self.gemm_samples.items():
+            timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(step.variants))]
+            for variant, us in zip(step.variants, timings):
+                detail.info("%s candidate %s: Timing %.2f us", step.name, variant.name, us)
+            best = min(range(len(timings)), key=timings.__getitem__)
+            self.gemm_winners[key], self.gemm_timings[key] = best, tuple(timings)
+            log.info("Autotune completed %s, best implementation: %s", step.name, step.variants[best].name)
+        self.gemm_samples.clear()
 
 
 def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple],
@@ -215,14 +305,15 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
             inputs and outputs at its first launch), for ``--debug-dir``'s benchmark.py.
 
     Returns:
-        (``kernel_id -> Choice``, outputs of the example inputs with every winner).
+        (``kernel_id -> Choice``, outputs of the example inputs with every winner); the
+        choices also hold each ``gemm.GemmStep``'s variant under ``step.key`` (``gemm:...``).
     """
     runner = PythonModeRun(graph, compiled, backend, on_tuned, captured)
     outputs = runner.run(input_sets[0])
     for inputs in input_sets[1:]:
         runner.run(inputs)
     visited = set(runner.launchers)
-    if runner.samples:  # candidate 0 computed those outputs: rerun with the winners, as shipped
+    if runner.samples or runner.gemm_samples:  # candidate 0 computed those outputs: rerun with the winners
         runner.choose()
         outputs = runner.run(input_sets[0])
     choices = {}
@@ -238,4 +329,7 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
         else:  # not recorded: a later build whose inputs reach it will tune it
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
             choices[kid] = Choice(0, (), False, False)
+    for step in gemm_steps(graph):  # GEMM steps are timed on every build (milliseconds), never cached
+        choices[step.key] = Choice(runner.gemm_winners.get(step.key, 0), runner.gemm_timings.get(step.key, ()),
+                                   step.key in runner.gemm_visited, False)
     return choices, outputs

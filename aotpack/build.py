@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import debug_artifacts, leftovers, parity, replay, runtime, signing, verify, weights
+from aotpack import debug_artifacts, gemm, leftovers, parity, replay, runtime, signing, verify, weights
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
@@ -199,6 +199,11 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
                 on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured)
+        gemm_entries = gemm.manifest_entries(graph, choices)
+        graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
+        used = {k.kernel_id for k in graph.kernels}
+        sets = {kid: cs for kid, cs in sets.items() if kid in used}
+        compiled = {kid: c for kid, c in compiled.items() if kid in used}
         _check_coverage(settings, model_file, sets, choices)
         with progress.phase("compile_shipped_wrappers", "compiling the shipped wrappers"):
             shipped = compile_stage.ship_wrappers(compiled, {k: c.index for k, c in choices.items()}, backend,
@@ -231,6 +236,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     manifest = package.manifest(
         name=name, version=version, backend=backend, target=target, settings=settings, graph=graph,
         output_names=output_names, kernels=package.kernel_entries(sets, choices), weight_aliases=stored.aliases)
+    if gemm_entries:
+        manifest["gemms"] = gemm_entries
     if replayed is not None:
         manifest["tuning_from"] = {"archive": Path(settings.tuning_from).name,
                                    "replayed": sum(1 for kid in sets if kid in replayed)}

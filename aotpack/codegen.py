@@ -5,6 +5,8 @@ Each distinct kernel's winner is fixed by now; the backend renders the host sour
 """
 from __future__ import annotations
 
+from aotpack import gemm
+
 
 def winners(candidate_sets: dict, choices: dict) -> list:
     """``(FusedKernel, winning candidate)`` per distinct kernel, in first-use order."""
@@ -19,4 +21,7 @@ def generate(graph, backend, candidate_sets: dict, choices: dict, meta: dict) ->
         choices: ``kernel_id -> Choice`` (``autotune.tune``).
         meta: name, version, aotpack_version, device_limit.
     """
-    return backend.generate_model(graph, winners(candidate_sets, choices), meta)
+    graph = gemm.resolve(graph, choices)  # a no-op after build resolved it
+    used = {k.kernel_id for k in graph.kernels}
+    sets = {kid: cs for kid, cs in candidate_sets.items() if kid in used}
+    return backend.generate_model(graph, winners(sets, choices), meta)

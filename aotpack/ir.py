@@ -315,6 +315,7 @@ class Graph:
     # name -> tensor as exported (storage shared between tied names), every lifted
     # parameter/buffer/constant including those forward never reads; see aotpack.weights
     constant_sources: dict = field(default_factory=dict)
+    packed: list = field(default_factory=list)  # gemm.PackedWeight: weights packed once at load
 
     def distinct_kernels(self) -> list:
         """One ``FusedKernel`` per ``kernel_id`` (repeated layers share one), in first-use order."""
@@ -354,6 +355,9 @@ def _dump_steps(steps: list, indent: str) -> list[str]:
             lines.append(f"{indent}extern {step.op}")
         elif isinstance(step, CopyBack):
             lines.append(f"{indent}copy into {step.target.name}")
+        elif hasattr(step, "variants"):  # gemm.GemmStep (before tuning picks a variant)
+            lines.append(f"{indent}gemm {step.name} {step.kind} {step.shape} +{step.epilogue} "
+                         f"[{', '.join(v.name for v in step.variants)}]")
         elif isinstance(step, CondStep):
             lines.append(f"{indent}cond")
             lines += _dump_steps(step.true_steps, indent + "  then ")

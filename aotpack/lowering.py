@@ -19,7 +19,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import extern, ops, views
+from aotpack import extern, gemm_lowering, gemm_match, ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
@@ -59,6 +59,9 @@ class Lowerer:
         #: costly values with several users, one of them a row reduction: they get a
         #: buffer from the first kernel that reads them (``_shared_outputs``)
         self.shared: list[Lazy] = []
+        self.packed: list = []  # gemm.PackedWeight
+        self.gemms: dict = {}  # final FX node -> gemm_match.GemmMatch
+        self.absorbed: set = set()  # FX nodes a GEMM match lowers (all but its final node)
 
     # ------------------------------------------------------------------ entry
     def run(self) -> Graph:
@@ -67,6 +70,10 @@ class Lowerer:
         written = {s.target for s in self.ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
         for node, spec in zip(placeholders, self.ep.graph_signature.input_specs):
             self.env[node] = self._placeholder(node, spec, read=bool(node.users) or spec.target in written)
+        weights = {node.name for node, spec in zip(placeholders, self.ep.graph_signature.input_specs)
+                   if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
+        self.gemms = gemm_match.find(self.ep.graph, weights)
+        self.absorbed = {n for m in self.gemms.values() for n in m.nodes[:-1]}
         outputs, mutated = [], {"constant": [], "input": []}
         for node in self.ep.graph.nodes:
             if node.op == "call_function":
@@ -77,7 +84,8 @@ class Lowerer:
                 self.env[node] = getattr(self.ep.graph_module, node.target)
         self._drop_unread_shared_outputs(outputs)
         return Graph(self.inputs, self.constants, self.constant_tensors, self.steps,
-                     outputs, self.kernels, mutated["constant"], mutated["input"], self.constant_sources)
+                     outputs, self.kernels, mutated["constant"], mutated["input"],
+                     constant_sources=self.constant_sources, packed=self.packed)
 
     def _drop_unread_shared_outputs(self, outputs: list) -> None:
         """A shared value written by a row kernel (``_shared_outputs``) that no later step
@@ -195,6 +203,19 @@ class Lowerer:
 
     # ------------------------------------------------------------------ dispatch
     def _call(self, node):
+        if node in self.absorbed:  # lowered with its GEMM match, at the match's last node
+            return None
+        if node in self.gemms:
+            return gemm_lowering.lower(self, self.gemms[node])
+        return self._call_op(node)
+
+    def lower_nodes(self, nodes) -> Any:
+        """Lower ``nodes`` one by one as ordinary ops (no GEMM matching); the last one's value."""
+        for node in nodes:
+            self.env[node] = self._call_op(node)
+        return self.env[nodes[-1]]
+
+    def _call_op(self, node):
         op = node.target
         if op is operator.getitem:
             return self.env[node.args[0]][node.args[1]]

@@ -10,6 +10,8 @@ from collections import Counter
 #: Columns of the kernel table, in order (the keys of :func:`kernel_rows`' rows).
 KERNEL_COLUMNS = ("kernel", "kernel_id", "block_dim", "tiling_repr", "candidates", "best_us", "worst_us",
                   "visited", "timing")
+#: Columns of the GEMM/conv table (the manifest's ``gemms``): implementations and their times.
+GEMM_COLUMNS = ("gemm", "kind", "shape", "epilogue", "winner", "candidates", "visited")
 KERNEL_ID_CHARS = 12
 _BRANCH = re.compile(r"^(?:(?:then|else)\s+)*")
 _HEADER = re.compile(r"(\d+) kernel launches of \d+ distinct kernels")
@@ -68,13 +70,30 @@ def _timing_state(kernel: dict, timed: bool) -> str | None:
     return "contended" if contended else "ok"
 
 
+def gemm_rows(gemms: list[dict]) -> list[dict]:
+    """One row per GEMM/conv step of the manifest's ``gemms``: ``GEMM_COLUMNS``, with
+    ``candidates`` as ``name=us`` per implementation (``name`` alone when not timed)."""
+    rows = []
+    for g in gemms:
+        names = [str(n) for n in g.get("candidates") or []]
+        timings = list(g.get("timings_us") or [])
+        cells = [f"{n}={t:.1f}us" if i < len(timings) and isinstance(t := timings[i], (int, float)) else n
+                 for i, n in enumerate(names)]
+        rows.append({"gemm": g.get("name"), "kind": g.get("kind"), "shape": g.get("shape"),
+                     "epilogue": g.get("epilogue"), "winner": g.get("winner"), "candidates": " ".join(cells),
+                     "visited": bool(g.get("visited", True))})
+    return rows
+
+
 def build_report(manifest: dict, kernel_ir: str | None) -> dict:
     """The derived tables of ``inspect --json``'s ``report`` key: ``kernels`` (rows),
     ``distinct_kernels``, ``launch_sites`` and ``extern_calls`` (None without a kernels.ir:
     an archive from an older aotpack)."""
     kernels = manifest.get("kernels")
     kernels = kernels if isinstance(kernels, list) and all(isinstance(k, dict) for k in kernels) else []
-    return {"kernels": kernel_rows(kernels), "distinct_kernels": len(kernels),
+    gemms = manifest.get("gemms")
+    gemms = gemms if isinstance(gemms, list) and all(isinstance(g, dict) for g in gemms) else []
+    return {"kernels": kernel_rows(kernels), "distinct_kernels": len(kernels), "gemms": gemm_rows(gemms),
             "launch_sites": launch_sites(kernel_ir) if kernel_ir is not None else None,
             "extern_calls": extern_calls(kernel_ir) if kernel_ir is not None else None}
 
@@ -119,6 +138,9 @@ def text_lines(report: dict) -> list[str]:
             lines.append(f"  timing contended for {_count(len(contended), 'kernel')} (other processes took the "
                          "CPU while they were timed; the choice may differ on an idle machine: rebuild with "
                          "--retune)")
+    if report.get("gemms"):
+        lines.append(f"  {_count(len(report['gemms']), 'GEMM/conv step')} (implementations timed by PGO):")
+        lines += table(report["gemms"], GEMM_COLUMNS)
     externs = report["extern_calls"]
     if externs:
         total = sum(e["count"] for e in externs)

@@ -13,6 +13,7 @@
 
 #include "dtype.h"
 #include "tensor_handle.h"
+#include "typed_ops.h"
 
 namespace aotpack::detail {
 namespace {
@@ -342,6 +343,21 @@ int32_t host_copy(AotpackTensor dst, AotpackTensor src) {
 
 void host_release(AotpackTensor t) { release_handle(t); }
 
+int32_t host_find_typed(const char* name, const char* overload, void** op_out) {
+  return guarded([&] {
+    if (name == nullptr || op_out == nullptr) fail("find_typed: NULL name or output pointer");
+    *op_out = find_typed_op(name, overload ? overload : "");
+  });
+}
+
+int32_t host_call_typed(void* op, const AotpackArg* args, int64_t num_args, AotpackTensor* out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded([&] {
+    if (out == nullptr) fail("call_typed: NULL output pointer");
+    *out = new_handle(call_typed_op(op, args, num_args));
+  });
+}
+
 const AotpackHostV1 kHostTable = {
     AOTPACK_HOST_ABI_VERSION,
     sizeof(AotpackHostV1),
@@ -354,6 +370,8 @@ const AotpackHostV1 kHostTable = {
     host_copy,
     host_release,
     host_last_error,
+    host_find_typed,
+    host_call_typed,
 };
 
 }  // namespace

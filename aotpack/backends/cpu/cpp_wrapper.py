@@ -31,6 +31,13 @@ MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1,
                   torch.channels_last: 2, torch.channels_last_3d: 3}
 
 
+#: Ops model.so calls typed (unboxed) through the host's ``call_typed`` (host ABI 1.1),
+#: their handles resolved once in ``create()``: the GEMM/conv implementations aotpack tunes.
+TYPED_OPS = {("aten::addmm", ""), ("aten::mm", ""), ("aten::bmm", ""), ("aten::convolution", ""),
+             ("mkl::_mkl_linear", ""), ("mkldnn::_linear_pointwise", ""),
+             ("mkldnn::_linear_pointwise", "binary"), ("mkldnn::_convolution_pointwise", "")}
+
+
 def dtype_code(dtype: torch.dtype) -> int:
     """c10::ScalarType code of ``dtype``.
 
@@ -73,8 +80,10 @@ class RunEmitter:
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
         self.ops: list[tuple[str, str]] = []
+        self.typed: list[tuple[str, str]] = []
         self.temp = 0
         self.declared = 0
+        self.pack_lines: list[str] = []
 
     def name(self, buf: Buffer) -> str:
         """C++ variable holding ``buf``'s handle."""
@@ -102,6 +111,10 @@ class RunEmitter:
         for i, buf in enumerate(self.graph.constants):
             self.names[id(buf)] = f"c{i}"
             self.lines.append(f"Tensor c{i}(m.constants[{i}], false);")
+        for i, packed in enumerate(self.graph.packed):
+            self.names[id(packed.buffer)] = f"p{i}"
+            self.lines.append(f"Tensor p{i}(m.packed[{i}], false);")
+            self._pack(i, packed)
         last_use = self._last_uses()
         for index, step in enumerate(self.graph.steps):
             self._step(step)
@@ -125,6 +138,8 @@ class RunEmitter:
             self._copy_back(step)
         elif isinstance(step, CondStep):
             self._cond(step)
+        else:
+            raise AotpackError(f"internal error: {type(step).__name__} step left in the graph at codegen")
         self.lines.append("}")
 
     def _cond(self, step: CondStep) -> None:
@@ -149,7 +164,22 @@ class RunEmitter:
         self.declared += 1
 
     def _decl_pos(self) -> int:
-        return len(self.graph.inputs) + len(self.graph.constants)
+        return len(self.graph.inputs) + len(self.graph.constants) + len(self.graph.packed)
+
+    def _pack(self, index: int, packed) -> None:
+        """Lines of ``create()`` that pack a weight once (``gemm.PackedWeight``) into m.packed."""
+        saved, self.lines = self.lines, []
+        constants = {id(b): i for i, b in enumerate(self.graph.constants)}
+        exprs = []
+        for arg in packed.args:
+            if arg.kind == "tensor":
+                exprs.append(f"arg_tensor(Tensor(m.constants[{constants[id(arg.value[0])]}], false))")
+            else:
+                exprs.append(self._arg(arg))
+        body, self.lines = self.lines, saved
+        self.pack_lines += ["{", *body, f"const AotpackArg a[] = {{{', '.join(exprs)}}};",
+                            f"check(g_host->call_op(m.ops[{self._op_slot(packed.op)}], a, {len(exprs)}, "
+                            f"&m.packed[{index}], 1), \"packing {packed.buffer.name} ({packed.op})\");", "}"]
 
     def _kernel(self, step: KernelCall) -> None:
         kernel = step.kernel
@@ -166,7 +196,25 @@ class RunEmitter:
             self.ops.append(key)
         return self.ops.index(key)
 
+    def _typed(self, step: ExternCall) -> None:
+        """A typed call: every schema argument, one result, no IValue stack."""
+        key = (step.op._schema.name, step.op._schema.overload_name)
+        if key not in self.typed:
+            self.typed.append(key)
+        arg_exprs = [self._arg(arg) for arg in step.args]
+        buf = step.outputs[0]
+        self.lines.append(f"const AotpackArg a[] = {{{', '.join(arg_exprs)}}};")
+        self.lines.append("AotpackTensor out = nullptr;")
+        self.lines.append(f"check(g_host->call_typed(m.typed[{self.typed.index(key)}], a, {len(arg_exprs)}, &out), "
+                          f"\"{step.op}\");")
+        self._declare(buf)
+        self.lines.append(f"b_{buf.name} = conform(Tensor(out, true), {_dims(buf.shape)}, "
+                          f"{_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+
     def _extern(self, step: ExternCall) -> None:
+        key = (step.op._schema.name, step.op._schema.overload_name)
+        if key in TYPED_OPS and len(step.outputs) == 1 and step.outputs[0] is not None:
+            return self._typed(step)
         arg_exprs = [self._arg(arg) for arg in step.args]
         self.lines.append(f"const AotpackArg a[] = {{{', '.join(arg_exprs) or 'arg_none()'}}};")
         count = len(step.outputs)
@@ -262,5 +310,7 @@ def generate(graph: Graph, kernels: list, meta: dict) -> str:
     emitter = RunEmitter(graph, kernel_index)
     lines = emitter.emit()
     return render("model.cpp.j2", kernels=[kernel_literal(k, w) for k, w in kernels], ops=emitter.ops,
-                  run_lines=lines, num_constants=len(graph.constants), num_inputs=len(graph.inputs),
+                  typed=emitter.typed,
+                  run_lines=lines, pack_lines=emitter.pack_lines, num_packed=len(graph.packed),
+                  num_constants=len(graph.constants), num_inputs=len(graph.inputs),
                   num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)

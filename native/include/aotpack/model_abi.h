@@ -49,7 +49,7 @@ extern "C" {
 
 /* Host ABI: the AotpackHostV1 table (its host_abi_version field holds the packed value). */
 #define AOTPACK_HOST_ABI_VERSION_MAJOR 1
-#define AOTPACK_HOST_ABI_VERSION_MINOR 0
+#define AOTPACK_HOST_ABI_VERSION_MINOR 1
 #define AOTPACK_HOST_ABI_VERSION \
   ((AOTPACK_HOST_ABI_VERSION_MAJOR << 16) | AOTPACK_HOST_ABI_VERSION_MINOR)
 
@@ -135,6 +135,16 @@ typedef struct AotpackHostV1 {
   void (*release)(AotpackTensor t);
   /* Message of the last failed host call on this thread. */
   const char* (*last_error)(void);
+
+  /* ---- host ABI 1.1 ---- */
+  /* Typed (unboxed) dispatcher calls of the GEMM/convolution ops aotpack tunes:
+   * aten::addmm, aten::mm, aten::bmm, aten::convolution, mkl::_mkl_linear,
+   * mkldnn::_linear_pointwise (and .binary), mkldnn::_convolution_pointwise.
+   * find_typed resolves and signature-checks the op once (fails for other ops);
+   * call_typed takes every schema argument in order (the call_op encoding; a
+   * Scalar?[] as an int or double list) and writes its one result, a new reference. */
+  int32_t (*find_typed)(const char* name, const char* overload, void** op_out);
+  int32_t (*call_typed)(void* op, const AotpackArg* args, int64_t num_args, AotpackTensor* out);
 } AotpackHostV1;
 
 /* ---- exported by every model.so (names are part of the ABI) ---- */

@@ -1,0 +1,136 @@
+"""Tunable GEMM/convolution steps: several implementations of one linear or conv2d,
+timed by PGO like a kernel's candidates, the winner baked into the model.
+
+A ``GemmStep`` computes one ``GemmMatch`` (``gemm_match``: the GEMM and its epilogue)
+into one output buffer. Each ``GemmVariant`` is a list of ordinary steps writing that
+buffer:
+
+* ``aten``: the ATen call (``addmm``/``mm``/``convolution``), then the epilogue as a
+  fused aotpack kernel (what aotpack runs without this module);
+* ``mkl`` (linear, where torch has MKL): ``mkl::_mkl_linear`` on an MKL-packed weight,
+  then the same epilogue kernel;
+* ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
+  blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual).
+
+Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
+pick for the CPU they run on; the archive ships the dense weight (it is a constant
+anyway) and the model packs it once at load (``create``) with the same op the build
+used. Packed bytes would tie the archive to the build CPU's ISA and are not strided
+tensors safetensors can hold.
+
+After tuning, ``resolve`` replaces every ``GemmStep`` by its winner's steps, so codegen,
+liveness and packaging see only extern calls and kernel launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from aotpack.ir import Buffer, CondStep, ExternCall, KernelCall
+
+
+@dataclass(eq=False)
+class PackedWeight:
+    """``buffer`` (kind ``packed``) = ``op(*args)``, computed once at load from a constant."""
+
+    buffer: Buffer
+    op: object  # torch._ops.OpOverload
+    args: list  # ExternArg; tensor arguments are whole constants
+
+
+@dataclass(eq=False)
+class GemmVariant:
+    """One implementation: ``steps`` (ExternCall/KernelCall) writing the step's output."""
+
+    name: str
+    steps: list
+    packed: list  # PackedWeight it reads
+
+
+@dataclass(eq=False)
+class GemmStep:
+    """A linear/conv2d with its epilogue, implemented by one of ``variants`` (0 = ATen).
+
+    ``key`` names the step in the tuning choices (``gemm:<name>``); ``shape`` describes
+    it (``MxKxN`` for a linear, ``NCHW->KCRS`` for a conv).
+    """
+
+    name: str
+    kind: str
+    shape: str
+    epilogue: str
+    variants: list
+    output: Buffer
+
+    @property
+    def key(self) -> str:
+        """The step's key in ``autotune.tune``'s choices."""
+        return f"gemm:{self.name}"
+
+    def reads(self) -> list[Buffer]:
+        """What any variant reads."""
+        return [b for v in self.variants for s in v.steps for b in s.reads()]
+
+    def writes(self) -> list[Buffer]:
+        """What any variant writes (the output and the variants' temporaries)."""
+        return [b for v in self.variants for s in v.steps for b in s.writes()]
+
+    def buffers(self) -> list[Buffer]:
+        """Every buffer the step touches."""
+        return self.writes() + self.reads()
+
+
+def _resolve_steps(steps: list, choices: dict) -> list:
+    out = []
+    for step in steps:
+        if isinstance(step, GemmStep):
+            choice = choices.get(step.key)
+            out.extend(step.variants[choice.index if choice else 0].steps)
+        elif isinstance(step, CondStep):
+            out.append(dataclasses.replace(step, true_steps=_resolve_steps(step.true_steps, choices),
+                                           false_steps=_resolve_steps(step.false_steps, choices)))
+        else:
+            out.append(step)
+    return out
+
+
+def _walk(steps: list):
+    for step in steps:
+        yield step
+        if isinstance(step, CondStep):
+            yield from _walk(step.true_steps)
+            yield from _walk(step.false_steps)
+
+
+def gemm_steps(graph) -> list[GemmStep]:
+    """Every ``GemmStep`` of ``graph``, in order."""
+    return [s for s in _walk(graph.steps) if isinstance(s, GemmStep)]
+
+
+def resolve(graph, choices: dict):
+    """``graph`` with each ``GemmStep`` replaced by its chosen variant's steps (variant 0
+    where ``choices`` has no entry), and only the kernels and packed weights those use.
+    A graph without GEMM steps comes back unchanged."""
+    if not gemm_steps(graph):
+        return graph
+    steps = _resolve_steps(graph.steps, choices)
+    launched = {id(s.kernel) for s in _walk(steps) if isinstance(s, KernelCall)}
+    read = {id(b) for s in _walk(steps) if isinstance(s, ExternCall) for b in s.reads()}
+    return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
+                               packed=[p for p in graph.packed if id(p.buffer) in read])
+
+
+def manifest_entries(graph, choices: dict) -> list[dict]:
+    """The manifest's ``gemms``: per GEMM/conv step its candidates, timings (us, empty
+    when not timed) and winner, like a kernel's entry."""
+    entries = []
+    for step in gemm_steps(graph):
+        choice = choices.get(step.key)
+        index = choice.index if choice else 0
+        entries.append({
+            "name": step.name, "kind": step.kind, "shape": step.shape, "epilogue": step.epilogue,
+            "candidates": [v.name for v in step.variants], "winner": step.variants[index].name,
+            "timings_us": [round(t, 3) for t in (choice.timings_us if choice else ())],
+            "visited": bool(choice and choice.visited),
+        })
+    return entries

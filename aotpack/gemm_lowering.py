@@ -1,0 +1,129 @@
+"""Lower one ``gemm_match.GemmMatch`` into a ``gemm.GemmStep`` with its variants.
+
+The ATen variant is the match lowered as aotpack always did (the ATen call, then the
+epilogue realised by a fused kernel); the others reuse its buffers: ``mkl`` writes the
+ATen call's result buffer and runs the same epilogue kernel, ``onednn`` writes the
+epilogue's output buffer directly (post-ops). So every variant writes the same output
+buffer and later steps never know which one ran.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aotpack.gemm import GemmStep, GemmVariant, PackedWeight
+from aotpack.ir import Buffer, ExternArg, ExternCall, contiguous_strides
+
+mkldnn = torch.ops.mkldnn
+
+
+def _whole(buf: Buffer) -> tuple:
+    return buf, buf.shape, buf.strides, 0
+
+
+def _tensor(parts) -> ExternArg:
+    return ExternArg("tensor", parts)
+
+
+def _optional(parts) -> ExternArg:
+    return ExternArg("none", None) if parts is None else ExternArg("tensor", parts)
+
+
+def _rows_view(parts: tuple, leading: tuple) -> tuple | None:
+    """The 2-D view ``parts`` (M x K) with its rows split as ``leading`` (prod = M)."""
+    base, (m, k), (row_stride, col_stride), offset = parts
+    if math.prod(leading) != m:
+        return None
+    strides = tuple(s * row_stride for s in contiguous_strides(leading))
+    return base, tuple(leading) + (k,), strides + (col_stride,), offset
+
+
+def lower(lw, m):
+    """The match's value: the output buffer of a new ``GemmStep`` appended to ``lw.steps``,
+    or (when the shapes do not fit) the plainly lowered value.
+
+    Args:
+        lw: the ``lowering.Lowerer`` (its steps, kernels, counter and packed weights grow).
+        m: the ``GemmMatch`` whose last node is being lowered.
+    """
+    weight = lw.env[m.weight]
+    if not (isinstance(weight, Buffer) and weight.kind == "constant"):
+        return lw.lower_nodes(m.nodes)
+    x = lw._strided(lw._operand(m.x))
+    bias = lw._strided(lw._operand(m.bias)) if m.bias is not None else None
+    other = lw._strided(lw._operand(m.residual)) if m.residual is not None else None
+    outer, lw.steps = lw.steps, []
+    result = lw.lower_nodes(m.nodes)
+    out_parts = lw._strided(result)
+    aten_steps, lw.steps = lw.steps, outer
+    out, gemm_out = out_parts[0], lw.env[m.gemm]
+    fits = (out_parts == _whole(out) and out.strides == contiguous_strides(out.shape)
+            and isinstance(gemm_out, Buffer) and aten_steps and isinstance(aten_steps[0], ExternCall)
+            and aten_steps[0].outputs == [gemm_out])
+    variants = None
+    if fits and m.kind == "linear":
+        variants = _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps)
+    elif fits and m.kind == "conv2d" and other is None:
+        variants = _conv_variants(lw, m, x, weight, bias, out, aten_steps)
+    if not variants:
+        lw.steps.extend(aten_steps)
+        return result
+    if m.kind == "linear":
+        shape = f"{x[1][0]}x{x[1][1]}x{weight.shape[0]}"
+    else:
+        shape = f"{list(x[1])}*{list(weight.shape)}"
+    lw.steps.append(GemmStep(f"{m.kind}_{m.gemm.name}_{m.epilogue}", m.kind, shape, m.epilogue, variants, out))
+    return result
+
+
+def _packed(lw, weight: Buffer, op, extra: list) -> PackedWeight:
+    buf = Buffer(f"packed{len(lw.packed)}_{weight.name}", weight.shape, weight.strides, weight.dtype, "packed")
+    packed = PackedWeight(buf, op, [_tensor(_whole(weight)), *extra])
+    lw.packed.append(packed)
+    return packed
+
+
+def _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps) -> list | None:
+    rows = x[1][0]
+    x_nd = x if len(out.shape) == 2 else _rows_view(x, out.shape[:-1])
+    if x_nd is None or tuple(out.shape[:-1]) != tuple(x_nd[1][:-1]):
+        return None
+    variants = [GemmVariant("aten", aten_steps, [])]
+    if torch._C.has_mkl:
+        packed = _packed(lw, weight, torch.ops.mkl._mkl_reorder_linear_weight.default, [ExternArg("int", rows)])
+        call = ExternCall(torch.ops.mkl._mkl_linear.default,
+                          [_tensor(x), _tensor(_whole(packed.buffer)), _tensor(_whole(weight)), _optional(bias),
+                           ExternArg("int", rows)], [gemm_out])
+        variants.append(GemmVariant("mkl", [call, *aten_steps[1:]], [packed]))
+    packed = _packed(lw, weight, mkldnn._reorder_linear_weight.default, [ExternArg("int", rows)])
+    w = _tensor(_whole(packed.buffer))
+    if other is not None:
+        call = ExternCall(mkldnn._linear_pointwise.binary,
+                          [_tensor(x_nd), _tensor(other), w, _optional(bias), ExternArg("string", "add")], [out])
+    else:
+        call = ExternCall(mkldnn._linear_pointwise.default,
+                          [_tensor(x_nd), w, _optional(bias), ExternArg("string", m.unary or "none"),
+                           ExternArg("int_list", []), _algorithm(m.unary)], [out])
+    variants.append(GemmVariant("onednn", [call], [packed]))
+    return variants
+
+
+def _algorithm(unary: str | None) -> ExternArg:
+    """oneDNN's GELU flavour: ``none`` is the erf form (the one torch's gelu decomposes to)."""
+    return ExternArg("string", "none") if unary == "gelu" else ExternArg("none", None)
+
+
+def _conv_variants(lw, m, x, weight, bias, out, aten_steps) -> list | None:
+    stride, padding, dilation, _transposed, output_padding, groups = m.gemm.args[3:9]
+    if any(output_padding) or len(stride) != 2:
+        return None
+    ints = [ExternArg("int_list", list(padding)), ExternArg("int_list", list(stride)),
+            ExternArg("int_list", list(dilation)), ExternArg("int", int(groups))]
+    packed = _packed(lw, weight, mkldnn._reorder_convolution_weight.default,
+                     [*ints, ExternArg("int_list", list(x[1]))])
+    call = ExternCall(mkldnn._convolution_pointwise.default,
+                      [_tensor(x), _tensor(_whole(packed.buffer)), _optional(bias), *ints,
+                       ExternArg("string", m.unary or "none"), ExternArg("int_list", []), _algorithm(m.unary)],
+                      [out])
+    return [GemmVariant("aten", aten_steps, []), GemmVariant("onednn", [call], [packed])]

@@ -1,0 +1,211 @@
+"""Find GEMMs and convolutions with a constant weight, and the epilogue that follows them.
+
+Works on the exported, decomposed FX graph before lowering. A match is a linear
+(``addmm(bias, x, permute(W))`` or ``mm(x, permute(W))``, ``W`` a 2-D weight) or a 2-D
+convolution (``convolution(x, W, bias, ...)``, not transposed) in float32, plus the
+pointwise ops after it that oneDNN can run as post-ops, when no other op reads the
+intermediate values:
+
+* an activation: ``relu``, ``tanh``, ``sigmoid``, GELU (erf form, as decomposed:
+  ``0.5*y * (1 + erf(y*sqrt(0.5)))``) or SiLU (``y * sigmoid(y)``);
+* or (linear only) a residual ``add(y, other)`` of the same shape.
+
+Reshapes (``view``) between the GEMM and its epilogue are allowed when they keep the
+last dimension (the GEMM's N), so the rows stay the GEMM's rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+aten = torch.ops.aten
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_UNARY = {aten.relu.default: "relu", aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid"}
+_SQRT_HALF = math.sqrt(0.5)
+
+
+@dataclass(frozen=True)
+class GemmMatch:
+    """One GEMM/conv and its foldable epilogue.
+
+    ``nodes`` are every FX node the match covers, in graph order (the GEMM first, the
+    epilogue's last node last: its value is the match's result); ``unary`` is the oneDNN
+    post-op name (``relu``, ``gelu``, ``tanh``, ``sigmoid``, ``swish``) or None;
+    ``residual`` the FX node added to the result, or None.
+    """
+
+    kind: str  # "linear" | "conv2d"
+    gemm: object
+    x: object
+    weight: object
+    bias: object | None
+    unary: str | None
+    residual: object | None
+    nodes: tuple
+
+    @property
+    def final(self):
+        """The node whose value the match computes."""
+        return self.nodes[-1]
+
+    @property
+    def epilogue(self) -> str:
+        """What the epilogue does, as text: ``gelu``, ``add``, ``none``."""
+        return self.unary or ("add" if self.residual is not None else "none")
+
+
+def _val(node):
+    return node.meta.get("val") if hasattr(node, "meta") else None
+
+
+def _is_f32(*nodes) -> bool:
+    return all(isinstance(_val(n), torch.Tensor) and _val(n).dtype == torch.float32 for n in nodes)
+
+
+def _users(node) -> list:
+    return list(node.users)
+
+
+def _scalar_arg(node, value: float) -> bool:
+    """``node`` is ``mul(x, value)`` or ``add(x, value)`` with a Python number second."""
+    return len(node.args) == 2 and isinstance(node.args[1], (int, float)) and abs(node.args[1] - value) < 1e-12
+
+
+def _gelu(y) -> tuple | None:
+    users = _users(y)
+    if len(users) != 2 or any(u.target is not aten.mul.Tensor or u.args[0] is not y for u in users):
+        return None
+    half = next((u for u in users if _scalar_arg(u, 0.5)), None)
+    inner = next((u for u in users if _scalar_arg(u, _SQRT_HALF)), None)
+    if half is None or inner is None or len(inner.users) != 1 or len(half.users) != 1:
+        return None
+    erf = _users(inner)[0]
+    if erf.target is not aten.erf.default or len(erf.users) != 1:
+        return None
+    plus = _users(erf)[0]
+    if plus.target is not aten.add.Tensor or not _scalar_arg(plus, 1) or plus.kwargs or len(plus.users) != 1:
+        return None
+    final = _users(plus)[0]
+    if final.target is not aten.mul.Tensor or set(final.args) != {half, plus} or _users(half) != [final]:
+        return None
+    return "gelu", [half, inner, erf, plus, final]
+
+
+def _silu(y) -> tuple | None:
+    users = _users(y)
+    if len(users) != 2:
+        return None
+    sig = next((u for u in users if u.target is aten.sigmoid.default), None)
+    mul = next((u for u in users if u.target is aten.mul.Tensor), None)
+    if sig is None or mul is None or _users(sig) != [mul] or set(mul.args) != {y, sig}:
+        return None
+    return "swish", [sig, mul]
+
+
+def _activation(y) -> tuple | None:
+    """(oneDNN attr, nodes) of the activation applied to ``y`` alone, or None."""
+    users = _users(y)
+    if len(users) == 1 and users[0].target in _UNARY:
+        return _UNARY[users[0].target], users
+    return _gelu(y) or _silu(y)
+
+
+def _residual(y) -> tuple | None:
+    """(other node, add node) when ``y``'s only reader is ``add(y, other)`` of y's shape."""
+    users = _users(y)
+    if len(users) != 1:
+        return None
+    add = users[0]
+    if add.target is not aten.add.Tensor or len(add.args) != 2 or add.kwargs:
+        return None
+    others = [a for a in add.args if a is not y]
+    if len(others) != 1 or not hasattr(others[0], "op") or not _is_f32(others[0], add):
+        return None
+    if tuple(_val(others[0]).shape) != tuple(_val(y).shape) or tuple(_val(add).shape) != tuple(_val(y).shape):
+        return None
+    return others[0], add
+
+
+def _linear_parts(node) -> tuple | None:
+    """(x, weight, bias) of ``addmm(bias, x, W.T)`` / ``mm(x, W.T)``, else None."""
+    if node.target is aten.addmm.default:
+        if len(node.args) != 3 or node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, x, wt = node.args
+        if not hasattr(bias, "op") or _val(bias) is None or _val(bias).dim() != 1:
+            return None
+    elif node.target is aten.mm.default:
+        (x, wt), bias = node.args, None
+    else:
+        return None
+    transposed = (wt.op == "call_function" and len(wt.args) >= 1
+                  and (wt.target is aten.t.default
+                       or (wt.target is aten.permute.default and list(wt.args[1]) == [1, 0])))
+    if not transposed:
+        return None
+    weight = wt.args[0]
+    if weight.op != "placeholder" or _val(weight) is None or _val(weight).dim() != 2:
+        return None
+    return x, weight, bias
+
+
+def _conv_parts(node) -> tuple | None:
+    if node.target is not aten.convolution.default or len(node.args) < 9:
+        return None
+    x, weight, bias, _stride, _padding, _dilation, transposed = node.args[:7]
+    if transposed or weight.op != "placeholder" or _val(x) is None or _val(x).dim() != 4:
+        return None
+    if bias is not None and not hasattr(bias, "op"):
+        return None
+    return x, weight, bias
+
+
+def match(node, constants: set) -> GemmMatch | None:
+    """The match rooted at GEMM/conv ``node``, or None.
+
+    Args:
+        constants: names of the placeholders that are weights or buffers (not inputs).
+    """
+    parts = _linear_parts(node)
+    kind = "linear"
+    if parts is None:
+        parts, kind = _conv_parts(node), "conv2d"
+    if parts is None:
+        return None
+    x, weight, bias = parts
+    if weight.name not in constants or not _is_f32(node, x, weight, *([bias] if bias is not None else [])):
+        return None
+    tail, views = node, []
+    n = _val(node).shape[-1] if kind == "linear" else None
+    while kind == "linear" and len(tail.users) == 1 and _users(tail)[0].target in _RESHAPES:
+        view = _users(tail)[0]
+        if _val(view).shape[-1] != n:
+            break
+        tail = view
+        views.append(view)
+    found = _activation(tail)
+    unary, residual = (found[0], None) if found else (None, None)
+    epilogue = found[1] if found else []
+    if found is None and kind == "linear":
+        res = _residual(tail)
+        if res is not None:
+            residual, epilogue = res[0], [res[1]]
+    if not epilogue:
+        views = []
+    return GemmMatch(kind, node, x, weight, bias, unary, residual, tuple([node, *views, *epilogue]))
+
+
+def find(graph, constants: set) -> dict:
+    """``final node -> GemmMatch`` for every match in ``graph`` (an ``fx.Graph``)."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    found = {}
+    for node in graph.nodes:
+        if node.op == "call_function":
+            m = match(node, constants)
+            if m is not None:
+                m = GemmMatch(m.kind, m.gemm, m.x, m.weight, m.bias, m.unary, m.residual,
+                              tuple(sorted(m.nodes, key=order.__getitem__)))
+                found[m.final] = m
+    return found

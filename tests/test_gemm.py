@@ -1,0 +1,67 @@
+"""GEMM/conv steps end to end: built archives whose winners are ATen, MKL and oneDNN
+(weights packed at load in model.so) match eager through the native runtime
+(float32: |ours - eager| <= 1e-5 + 1e-4 * |eager|), and the manifest records every
+step's candidates, timings and the fastest as the winner."""
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from aotpack import autotune, reader
+from aotpack.build import build
+from aotpack.config import Settings
+from conftest import assert_native_parity
+
+pytestmark = pytest.mark.native
+
+ZOO = Path(__file__).resolve().parent / "models" / "gemm_zoo.py"
+
+
+@pytest.fixture(scope="module")
+def rotated(tmp_path_factory, cache_dir):
+    """gemm_zoo built with timings that make step i's winner variant i mod (its count),
+    so every implementation is shipped and run natively (the calls still run once)."""
+    counter = itertools.count()
+
+    def fake_timings(functions):
+        for fn in functions:
+            fn()
+        favourite = next(counter) % len(functions)
+        return [1.0 if i == favourite else 2.0 + i for i in range(len(functions))], [1.0] * len(functions)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autotune, "time_functions", fake_timings)
+        result = build(ZOO, tmp_path_factory.mktemp("gemm"), settings=Settings.from_env(topn=1, cache_dir=cache_dir))
+    return result
+
+
+def test_every_implementation_matches_eager_natively(rotated, tmp_path):
+    winners = [g["winner"] for g in rotated.manifest["gemms"]]
+    expected = {"aten", "onednn"} | ({"mkl"} if torch._C.has_mkl else set())
+    assert set(winners) == expected
+    assert_native_parity(rotated.archive, ZOO, tmp_path, atol=1e-5, rtol=1e-4)
+
+
+def test_manifest_lists_candidates_timings_and_the_fastest_wins(rotated):
+    gemms = rotated.manifest["gemms"]
+    assert [g["epilogue"] for g in gemms] == ["relu", "gelu", "tanh", "swish", "add", "none", "none", "relu"]
+    for g in gemms:
+        assert len(g["timings_us"]) == len(g["candidates"]) and g["visited"]
+        fastest = min(range(len(g["candidates"])), key=g["timings_us"].__getitem__)
+        assert g["winner"] == g["candidates"][fastest]
+
+
+def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
+    files = reader.read_all(rotated.archive)
+    source = files["model/model.cpp"].decode()
+    # winners are called typed (unboxed), their handles resolved once at load (host ABI 1.1)
+    for op in ("aten::addmm", "mkl::_mkl_linear", "mkldnn::_linear_pointwise", "mkldnn::_convolution_pointwise"):
+        assert f'find_typed("{op}", ""' in source
+    assert "call_typed(m.typed[" in source and "call_op(" not in source.split("void run(")[1]
+    assert "mkldnn::_reorder_linear_weight" in source and "mkldnn::_reorder_convolution_weight" in source
+    assert "#include <ATen" not in source
+    # the archive holds only dense weights, and only the epilogue kernels of ATen/MKL winners
+    kernels = {k["name"] for k in rotated.manifest["kernels"]}
+    assert len(kernels) == sum(1 for g in rotated.manifest["gemms"] if g["winner"] != "onednn" and
+                               g["epilogue"] != "none")

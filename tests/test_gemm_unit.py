@@ -1,0 +1,136 @@
+"""GEMM/conv steps without a compiler: which epilogues fold, the variants offered, each
+forced variant's Python-mode parity with eager (oneDNN/MKL float32: |ours - eager| <=
+1e-5 + 1e-4 * |eager|), resolution and the inspect table."""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aotpack import backends, gemm, parity, report
+from aotpack.autotune import Choice, PythonModeRun
+from aotpack.export import export_model, load_model_file
+from aotpack.ir import ExternCall, KernelCall
+from aotpack.lowering import lower
+
+pytestmark = pytest.mark.unit
+
+ZOO = Path(__file__).resolve().parent / "models" / "gemm_zoo.py"
+ATOL, RTOL = 1e-5, 1e-4
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    model_file = load_model_file(ZOO)
+    graph = lower(export_model(model_file), backends.get("cpu").dtypes)
+    with torch.no_grad():
+        reference = list(model_file.module(*[t.clone() for t in model_file.example_inputs]))
+    return graph, model_file.example_inputs, reference
+
+
+def _steps(graph):
+    return gemm.gemm_steps(graph)
+
+
+def test_every_gemm_and_conv_becomes_a_step_with_its_epilogue(zoo):
+    graph, _, _ = zoo
+    found = [(s.kind, s.shape, s.epilogue, [v.name for v in s.variants]) for s in _steps(graph)]
+    linear = ["aten", "mkl", "onednn"] if torch._C.has_mkl else ["aten", "onednn"]
+    assert found == [
+        ("linear", "7x13x5", "relu", linear), ("linear", "7x5x33", "gelu", linear),
+        ("linear", "7x33x13", "tanh", linear), ("linear", "7x13x13", "swish", linear),
+        ("linear", "7x13x13", "add", linear), ("linear", "13x7x5", "none", linear),
+        ("linear", "1x13x5", "none", linear),
+        ("conv2d", "[2, 3, 9, 9]*[6, 3, 3, 3]", "relu", ["aten", "onednn"]),
+    ]
+    # the weights are packed once at load from the dense constants
+    assert {p.op for p in graph.packed} >= {torch.ops.mkldnn._reorder_linear_weight.default,
+                                            torch.ops.mkldnn._reorder_convolution_weight.default}
+
+
+def _run(graph, inputs):
+    assert not graph.kernels, "a forced oneDNN/MKL graph of this model launches no fused kernel"
+    return PythonModeRun(graph, {}, backends.get("cpu")).run(inputs)
+
+
+@pytest.mark.parametrize("plain", ["onednn", "mkl"])
+def test_forced_variants_match_eager(zoo, plain):
+    """Every step on oneDNN (post-ops fused); or MKL where no epilogue kernel is needed."""
+    graph, inputs, reference = zoo
+    if plain == "mkl" and not torch._C.has_mkl:
+        pytest.skip("torch without MKL")
+    choices = {}
+    for step in _steps(graph):
+        names = [v.name for v in step.variants]
+        want = plain if plain in names and (plain == "onednn" or step.epilogue == "none") else "onednn"
+        choices[step.key] = Choice(names.index(want), (), True, False)
+    resolved = gemm.resolve(graph, choices)
+    assert not _steps(resolved)
+    ops = {s.op for s in resolved.steps if isinstance(s, ExternCall)}
+    assert torch.ops.mkldnn._linear_pointwise.binary in ops  # the residual add as a post-op
+    if plain == "mkl":
+        assert torch.ops.mkl._mkl_linear.default in ops
+    check = parity.compare(_run(resolved, inputs), reference, atol=ATOL, rtol=RTOL)
+    assert check.ok, check.problems
+
+
+def test_aten_variant_keeps_the_epilogue_as_a_fused_kernel(zoo):
+    graph, _, _ = zoo
+    resolved = gemm.resolve(graph, {})  # variant 0 everywhere
+    assert len(resolved.kernels) == 6  # relu, gelu, tanh, silu, add, conv's relu
+    assert all(k in graph.kernels for k in resolved.kernels)
+    assert not resolved.packed
+    launches = [s for s in resolved.steps if isinstance(s, KernelCall)]
+    assert len(launches) == 6
+
+
+SHARED = """
+import torch
+import torch.nn.functional as F
+
+
+class Shared(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.fc(x)  # also returned: its ReLU must not be folded into the linear
+        return y, F.relu(y), F.gelu(self.fc(x), approximate="tanh")
+
+
+def model():
+    torch.manual_seed(0)
+    return Shared().eval()
+
+
+def example_inputs():
+    return (torch.randn(3, 8),)
+"""
+
+
+def test_epilogue_with_another_reader_or_other_form_is_not_folded(tmp_path):
+    path = tmp_path / "shared.py"
+    path.write_text(SHARED)
+    graph = lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
+    assert [s.epilogue for s in _steps(graph)] == ["none", "none"]  # tanh-GELU is not oneDNN's erf GELU
+    choices = {s.key: Choice(len(s.variants) - 1, (), True, False) for s in _steps(graph)}
+    assert len(gemm.resolve(graph, choices).kernels) == 2  # relu and the tanh GELU stay aotpack kernels
+
+
+def test_manifest_entries_and_inspect_table(zoo):
+    graph, _, _ = zoo
+    step = _steps(graph)[0]
+    choices = {step.key: Choice(2, (30.0, 20.0, 10.0), True, False)}
+    entries = gemm.manifest_entries(graph, choices)
+    assert entries[0] == {"name": step.name, "kind": "linear", "shape": "7x13x5", "epilogue": "relu",
+                          "candidates": [v.name for v in step.variants], "winner": step.variants[2].name,
+                          "timings_us": [30.0, 20.0, 10.0], "visited": True}
+    assert entries[1]["timings_us"] == [] and entries[1]["winner"] == "aten" and not entries[1]["visited"]
+    rows = report.gemm_rows(entries[:1])
+    names = [v.name for v in step.variants]
+    assert rows[0]["candidates"] == f"{names[0]}=30.0us {names[1]}=20.0us {names[2]}=10.0us"
+    lines = report.text_lines({"kernels": [], "distinct_kernels": 0, "launch_sites": 0, "extern_calls": None,
+                               "gemms": rows})
+    assert lines[1] == "  1 GEMM/conv step (implementations timed by PGO):"
+    assert "relu" in lines[3] and step.variants[2].name in lines[3]
