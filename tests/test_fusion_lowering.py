@@ -1,7 +1,6 @@
 """Lowering decisions of the newly fused ops, checked on the IR (no compiler needed)."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from aotpack import backends
 from aotpack.export import decomposition_table
