@@ -7,7 +7,12 @@ run = bytes it must move (inputs read + outputs written) / its time; the referen
 plain copy (``dst.copy_(src)``, preallocated) of a buffer with half those bytes (it reads
 and writes them), at the same thread count, timed in the same rounds. ``% bw`` = run
 bandwidth / copy bandwidth. A reduction only reads, which is cheaper than a copy's
-read + write, so its % can exceed 100.
+read + write, so its % can exceed 100. Every run returns a freshly allocated output (as
+eager does), and first-touching fresh pages costs about as much as the copy itself on
+a VM, so ``clone`` (an allocating copy of the same bytes) is printed too, and ``% clone``
+compares against it. ``pgo`` is the build's own kernel-only time of the winners
+(preallocated outputs, from the manifest's ``timings_us``; '-' when not timed) with its
+% of the copy bandwidth.
 
 Variants are timed interleaved (copy, aotpack, eager, copy, ...) in ``--rounds`` rounds of
 ``--runs`` calls; each prints the median over rounds of the per-round medians.
@@ -83,25 +88,34 @@ def measure(name: str, archive: Path, threads: int, rounds: int, runs: int) -> d
     exec(f"import torch\ndef forward(x):\n    {body}\n", namespace)
     eager = namespace["forward"]
     torch.set_num_threads(threads)
-    times: dict[str, list[float]] = {"copy": [], "aotpack": [], "eager": []}
+    times: dict[str, list[float]] = {"copy": [], "clone": [], "aotpack": [], "eager": []}
     with aotpack.load(archive, device_limit=threads) as model, torch.inference_mode():
         for fn in (lambda: dst.copy_(src), lambda: model(x), lambda: eager(x)):
             fn()  # warm-up: page in code and first-touch buffers
         for _ in range(rounds):
             times["copy"].append(median_time(lambda: dst.copy_(src), runs))
+            times["clone"].append(median_time(lambda: src.clone(), runs))
             times["aotpack"].append(median_time(lambda: model(x), runs))
             times["eager"].append(median_time(lambda: eager(x), runs))
+        kernels = model.manifest["kernels"]
     result = {k: statistics.median(v) for k, v in times.items()}
     result["moved"] = moved
+    timed = [min(k["timings_us"]) for k in kernels if k.get("timings_us")]
+    result["pgo"] = sum(timed) * 1e-6 if kernels and len(timed) == len(kernels) else None
     return result
 
 
 def report(name: str, threads: int, r: dict) -> str:
-    copy_bw = r["moved"] / r["copy"]
-    cells = [f"{name:<10} {threads:>2}t  copy {r['copy'] * 1e3:8.2f} ms ({copy_bw / 1e9:5.1f} GB/s)"]
+    copy_bw, clone_bw = r["moved"] / r["copy"], r["moved"] / r["clone"]
+    cells = [f"{name:<10} {threads:>2}t  copy {r['copy'] * 1e3:7.2f} ms ({copy_bw / 1e9:5.1f} GB/s)"
+             f"  clone {r['clone'] * 1e3:7.2f} ms"]
     for key in ("aotpack", "eager"):
         bw = r["moved"] / r[key]
-        cells.append(f"{key} {r[key] * 1e3:8.2f} ms {100 * bw / copy_bw:5.0f}% bw")
+        cells.append(f"{key} {r[key] * 1e3:7.2f} ms {100 * bw / copy_bw:4.0f}% bw {100 * bw / clone_bw:4.0f}% clone")
+    if r["pgo"]:
+        cells.append(f"pgo {r['pgo'] * 1e3:7.2f} ms {100 * r['moved'] / r['pgo'] / copy_bw:4.0f}% bw")
+    else:
+        cells.append("pgo       -")
     cells.append(f"eager/aotpack {r['eager'] / r['aotpack']:5.2f}x")
     return "  ".join(cells)
 

@@ -5,7 +5,8 @@ A candidate is the triple ``(tiling_repr, workspace, block_dim)``:
 * ``block_dim`` – parallel blocks, i.e. OpenMP threads (1 = no parallel region),
   never above the device limit;
 * ``tiling_repr`` – canonical text of every knob, so equal tilings give equal text;
-* ``workspace`` – scratch bytes; CPU kernels keep partial results in registers, so 0.
+* ``workspace`` – scratch bytes: 0, except a split reduction's partials
+  (``reduce_loops.split_workspace_bytes``, a function of the segments per row).
 
 ``kernel_key = md5(f"{tiling_repr}|{workspace}|{block_dim}")`` (``backends.base.kernel_key``).
 Candidate 0 is always the heuristic default; the rest vary one knob at a time
