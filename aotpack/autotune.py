@@ -266,6 +266,9 @@ class PythonModeRun:
             for index, (candidate, us) in enumerate(zip(cs.candidates, decision.estimates_us)):
                 detail.info("%s candidate %d (%s): Timing %.2f us (%.0f%% of samples clean)", name, index,
                             candidate.tiling_repr, us, 100 * shares[index])
+            attempts = max(s.attempts for s in samples)
+            if attempts > 1:
+                detail.info("%s: re-timed, %d attempts (preempted or disagreeing samples)", name, attempts)
             best = decision.index
             c.folder.write_choice(list(cs.candidates), best, list(decision.estimates_us), decision.contended)
             self.winners[kid] = best

@@ -3,7 +3,8 @@
 ``measure`` times every candidate of one kernel on one input set:
 
 * warm-up launches, each timed on its own; the fastest sets the launches per sample
-  (enough for ``MIN_SAMPLE_NS``, so a warm-up that was preempted cannot shrink it);
+  (enough for ``MIN_SAMPLE_NS``, so a warm-up that was preempted cannot shrink it); a
+  sample that has already taken ``ABANDON_FACTOR`` times as long as expected stops early;
 * interleaved rounds, the candidate order rotated each round, so slow drift (another
   process starting, the clock changing) hits every candidate alike;
 * around every sample, the time this process's threads spent runnable but waiting on
@@ -44,6 +45,10 @@ ROUNDS = 15
 #: timer resolution stay small next to the kernel.
 MIN_SAMPLE_NS = 50_000
 MAX_LAUNCHES_PER_SAMPLE = 1000
+#: A sample stops early once it has taken this many times its expected duration (the
+#: fastest warm-up x launches): a preempted launch costs a time slice, and timing the
+#: rest of the sample would only add more of them (its samples are per launch anyway).
+ABANDON_FACTOR = 20
 #: A sample whose threads waited on the run queue longer than this share of its wall
 #: time was preempted (contended); an idle machine shows ~0 (OpenMP wake-ups: a few us).
 CLEAN_DELAY_SHARE = 0.05
@@ -172,7 +177,7 @@ def low_quantile(samples: list[float]) -> float:
     return ordered[int(LOW_QUANTILE * (len(ordered) - 1))]
 
 
-def _launches_per_sample(launcher, key: str, args, clock) -> int:
+def _fastest_warmup_ns(launcher, key: str, args, clock) -> int:
     fastest = None
     for _ in range(WARMUP_LAUNCHES):
         start = clock()
@@ -180,26 +185,33 @@ def _launches_per_sample(launcher, key: str, args, clock) -> int:
         launcher.synchronize()
         elapsed = max(1, clock() - start)
         fastest = elapsed if fastest is None else min(fastest, elapsed)
-    return max(1, min(MAX_LAUNCHES_PER_SAMPLE, MIN_SAMPLE_NS // fastest))
+    return fastest
 
 
-def _rounds(launcher, keys: list[str], args, launches: dict, probe, clock, rounds: int) -> Timing:
+def _rounds(launcher, keys: list[str], args, fastest: dict, probe, clock, rounds: int) -> Timing:
     n = len(keys)
     us = [[0.0] * rounds for _ in keys]
     waited = [[0.0] * rounds for _ in keys]
+    clean = [[True] * rounds for _ in keys]
     for r in range(rounds):
         for i in range(n):
             c = (r + i) % n  # rotate the order: each candidate leads in turn
-            key, count = keys[c], launches[keys[c]]
+            key = keys[c]
+            count = max(1, min(MAX_LAUNCHES_PER_SAMPLE, MIN_SAMPLE_NS // fastest[key]))
+            give_up = ABANDON_FACTOR * count * fastest[key]
             delay = probe.read()
             start = clock()
-            for _ in range(count):
+            done = 0
+            while done < count:
                 launcher.launch(key, args)
+                done += 1
+                if done < count and clock() - start > give_up:  # preempted: a slice or more lost
+                    break
             launcher.synchronize()
             elapsed = clock() - start
-            us[c][r] = elapsed / count / 1000.0
+            us[c][r] = elapsed / done / 1000.0
             waited[c][r] = (probe.read() - delay) / 1000.0
-    clean = [[w <= CLEAN_DELAY_SHARE * t * launches[keys[c]] for w, t in zip(waited[c], us[c])] for c in range(n)]
+            clean[c][r] = waited[c][r] <= CLEAN_DELAY_SHARE * elapsed / 1000.0
     return Timing(us, clean, 1, waited)
 
 
@@ -218,15 +230,15 @@ def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter
         A ``Timing`` of ``ROUNDS`` rounds per attempt.
     """
     probe = probe or RunDelayProbe()
-    launches = {key: _launches_per_sample(launcher, key, args, clock) for key in keys}
+    fastest = {key: _fastest_warmup_ns(launcher, key, args, clock) for key in keys}
     probe.open()
     try:
         started = clock()
-        timing = _rounds(launcher, keys, args, launches, probe, clock, ROUNDS)
+        timing = _rounds(launcher, keys, args, fastest, probe, clock, ROUNDS)
         while (timing.attempts < MAX_ATTEMPTS and (clock() - started) < ATTEMPT_BUDGET_S * 1e9
                and (timing.contended_candidates() or timing.disagreeing_candidates())):
             sleep(RETRY_PAUSE_S[min(timing.attempts - 1, len(RETRY_PAUSE_S) - 1)])
-            timing.extend(_rounds(launcher, keys, args, launches, probe, clock, ROUNDS))
+            timing.extend(_rounds(launcher, keys, args, fastest, probe, clock, ROUNDS))
     finally:
         probe.close()
     return timing

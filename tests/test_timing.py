@@ -14,14 +14,15 @@ ROUNDS = timing.ROUNDS
 class FakeLauncher:
     """Candidates whose launches take scripted times on a fake clock.
 
-    ``script[key]``: one ``(us, waited_us)`` per timed sample (launches beyond the script
-    repeat its last entry); warm-up launches take the first entry's ``us``. Every launch is
-    >= 50 us, so a sample is one launch. ``waited_us``: run-queue wait the fake probe
-    reports for that sample (preemption).
+    ``script[key]``: one ``(us, waited_us)`` per timed launch (launches beyond the script
+    repeat its last entry); warm-up launches take ``warmup_us[key]``, else the first
+    entry's ``us``. Launches of >= 50 us make a sample one launch. ``waited_us``: run-queue
+    wait the fake probe reports for that launch (preemption).
     """
 
-    def __init__(self, script: dict):
+    def __init__(self, script: dict, warmup_us: dict | None = None):
         self.script = script
+        self.warmup_us = warmup_us or {}
         self.now = 0
         self.waited = 0
         self.launches = {key: 0 for key in script}
@@ -34,7 +35,10 @@ class FakeLauncher:
         n = self.launches[key] - timing.WARMUP_LAUNCHES
         self.launches[key] += 1
         samples = self.script[key]
-        us, waited = samples[0] if n < 0 else samples[min(n, len(samples) - 1)]
+        if n < 0:
+            us, waited = self.warmup_us.get(key, samples[0][0]), 0.0
+        else:
+            us, waited = samples[min(n, len(samples) - 1)]
         if n >= 0:
             self.order.append(key)
             self.waited += int(waited * 1000)
@@ -213,3 +217,15 @@ def test_contended_flag_survives_the_cache(tmp_path):
     assert folder.read_choice(candidates) == (1, [2.5, 1.25], True)
     folder.write_choice(candidates, 0, [1.0, 2.0])
     assert folder.read_choice(candidates) == (0, [1.0, 2.0], False)
+
+
+def test_a_preempted_sample_stops_early_and_counts_its_launches():
+    """10 us launches: 5 per sample. The first timed launch loses a 20 ms slice: its
+    sample stops after that launch (20x its expected 50 us) instead of running 4 more."""
+    launcher = FakeLauncher({"a": [(20000.0, 19990.0)] + [(10.0, 0.0)] * 200, "b": clean(100)},
+                            warmup_us={"a": 10.0})
+    result = measure(launcher, ["a", "b"], None, FakeProbe(launcher), launcher.clock, lambda s: None)
+    assert launcher.launches["a"] == timing.WARMUP_LAUNCHES + 1 + (ROUNDS - 1) * 5
+    assert result.us[0][0] == 20000.0 and result.clean[0][0] is False
+    assert result.us[0][1:] == [10.0] * (ROUNDS - 1) and result.attempts == 1
+    assert decide([result], [2, 1]).index == 0
