@@ -1,8 +1,9 @@
 """Stage: bundle the winners, model.so, weights and manifest into a ``.aotpack``.
 
 Format: docs/archive.md (format_version and paths in ``aotpack.layout``) — a zstd-compressed tar: manifest.json,
-manifest.sha256, the optional manifest.sig, then the files sorted; fixed owners, modes and
-mtimes, so equal inputs give equal bytes. The archive is written to a temp file beside
+manifest.sha256, the optional manifest.sig, then the files sorted; fixed owners, modes,
+mtimes and zstd levels (a frame per run of entries with one level: tensors at a low level,
+the rest high), so equal inputs give equal bytes. The archive is written to a temp file beside
 the target and renamed into place. Reading follows one set of rules shared with the
 native runtime: ``aotpack.reader``.
 """

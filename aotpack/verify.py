@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aotpack import reader
 from aotpack.errors import AotpackError
+from aotpack.runtime import find_runtime_library
 from aotpack.layout import SELFTEST_INPUTS_PATH as SELFTEST_INPUTS
 from aotpack.layout import SELFTEST_OUTPUTS_PATH as SELFTEST_OUTPUTS
 
@@ -92,6 +93,7 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
         return lines
     from aotpack.loader import load
 
+    find_runtime_library()  # a missing runtime is its own error, not a failed check
     started = time.perf_counter()
     try:  # one load and one run: the load line and the self-test come from the same model
         with _trusted_keys_set(keys):

@@ -27,7 +27,7 @@ def test_inspect_lists_signature_kernels_and_checks_files(build_model):
     result = aotpack("inspect", build_model(MODELS / "dict_outputs.py").archive)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("dict_outputs 0.1.0  (format 2, backend cpu, torch 2.13.0")
+    assert lines[0].startswith(f"dict_outputs 0.1.0  (format {layout.FORMAT_VERSION}, backend cpu, torch 2.13.0")
     assert "  input  x: float32[6]" in lines
     assert "  output aux.1: float32[]" in lines
     assert lines[-1].endswith("sizes and sha256 match the manifest")
@@ -39,7 +39,7 @@ def test_inspect_reports_a_modified_file(build_model, tmp_path):
 
     import zstandard
     archive = build_model(MODELS / "dict_outputs.py").archive
-    raw = zstandard.ZstdDecompressor().decompress(archive.read_bytes(), max_output_size=1 << 30)
+    raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(archive.read_bytes()), read_across_frames=True).read()
     out = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(raw)) as src, tarfile.open(fileobj=out, mode="w") as dst:
         for member in src:
@@ -89,11 +89,10 @@ def test_runtime_override_must_exist(build_model, tmp_path):
     assert result.returncode == 1
     assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME_LIB={tmp_path / 'missing'} is not a "
                              "file; point it at libaotpack_runtime.so or unset it\n")
-    env = dict(os.environ, AOTPACK_RUNTIME=str(tmp_path / "missing"))  # verify --run's load check
-    result = aotpack("verify", archive, "--run", env=env)
+    result = aotpack("verify", archive, "--run", env=env)  # verify --run loads in-process too
     assert result.returncode == 1
-    assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME={tmp_path / 'missing'} is not an "
-                             "executable file; point it at aotpack-run or unset it\n")
+    assert result.stderr == (f"aotpack: error: AOTPACK_RUNTIME_LIB={tmp_path / 'missing'} is not a "
+                             "file; point it at libaotpack_runtime.so or unset it\n")
 
 
 def test_run_prints_outputs_and_benchmarks(build_model, tmp_path):
@@ -227,8 +226,8 @@ def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):
     import zstandard
     from aotpack.package import write_archive
     archive = build_model(MODELS / "dict_outputs.py", selftest=True).archive
-    raw = zstandard.ZstdDecompressor().decompress(archive.read_bytes(), max_output_size=1 << 30)
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+    raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(archive.read_bytes()), read_across_frames=True)
+    with tarfile.open(fileobj=io.BytesIO(raw.read())) as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
     manifest = read_manifest(archive)
     expected = safetensors.torch.load(files[layout.SELFTEST_OUTPUTS_PATH])

@@ -144,3 +144,30 @@ def test_mutated_buffer_cannot_be_aliased(tied, tmp_path):
     with pytest.raises(AotpackError) as native:
         load(bad)
     assert str(native.value) == f"cannot load '{bad}': {message}"
+
+
+def test_native_checks_cost_one_load_and_one_run(cache_dir, tmp_path, monkeypatch):
+    from aotpack import loader, verify
+    from aotpack.build import build
+    from aotpack.config import Settings
+
+    counts = {"load": 0, "run": 0}
+    real_init, real_run = loader.Model.__init__, loader.Model.run
+
+    def counted_init(self, *args, **kwargs):
+        counts["load"] += 1
+        real_init(self, *args, **kwargs)
+
+    def counted_run(self, *args):
+        counts["run"] += 1
+        return real_run(self, *args)
+
+    monkeypatch.setattr(loader.Model, "__init__", counted_init)
+    monkeypatch.setattr(loader.Model, "run", counted_run)
+    result = build(TIED, tmp_path, settings=Settings.from_env(cache_dir=cache_dir), selftest=True)
+    assert counts == {"load": 1, "run": 1}  # the build's native check
+    counts.update(load=0, run=0)
+    lines = verify.verify(result.archive, run=True, trusted_keys=[])
+    assert lines[2].startswith("load: ok: tied_weights 0.1.0 (loaded in ")
+    assert lines[3].startswith("self-test: 1 outputs match eager PyTorch")
+    assert counts == {"load": 1, "run": 1}  # verify --run: the load line and the self-test share one load
