@@ -297,13 +297,16 @@ class PythonModeRun:
 
 
 def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple],
-         backend, on_tuned=None, captured: dict | None = None) -> tuple[dict[str, Choice], list[torch.Tensor]]:
+         backend, on_tuned=None, captured: dict | None = None,
+         recorded: dict | None = None) -> tuple[dict[str, Choice], list[torch.Tensor]]:
     """Run ``graph`` on every input set and autotune its kernels.
 
     Args:
         compiled: ``kernel_id -> CompiledSet`` (the kernels' compile.locks held).
         input_sets: the example inputs first, then calibration sets (same shapes).
         on_tuned: called as ``(kernels timed so far, kernels to time)`` during the first set.
+        recorded: ``replay.recorded_winners`` of ``--tuning-from``: GEMM steps found there
+            (``gemm:<name>``, same implementation offered) take the recorded winner untimed.
         captured: if given, filled with ``kernel_id -> tensors`` (copies of each kernel's
             inputs and outputs at its first launch), for ``--debug-dir``'s benchmark.py.
 
@@ -312,6 +315,13 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
         choices also hold each ``gemm.GemmStep``'s variant under ``step.key`` (``gemm:...``).
     """
     runner = PythonModeRun(graph, compiled, backend, on_tuned, captured)
+    replayed = {}
+    for step in gemm_steps(graph):
+        names = [v.name for v in step.variants]
+        winner = (recorded or {}).get(step.key)
+        if winner is not None and winner.kernel_key in names:
+            runner.gemm_winners[step.key] = names.index(winner.kernel_key)
+            replayed[step.key] = winner.timings_us
     outputs = runner.run(input_sets[0])
     for inputs in input_sets[1:]:
         runner.run(inputs)
@@ -333,6 +343,7 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
             choices[kid] = Choice(0, (), False, False)
     for step in gemm_steps(graph):  # GEMM steps are timed on every build (milliseconds), never cached
-        choices[step.key] = Choice(runner.gemm_winners.get(step.key, 0), runner.gemm_timings.get(step.key, ()),
-                                   step.key in runner.gemm_visited, False)
+        timings = replayed.get(step.key, runner.gemm_timings.get(step.key, ()))
+        choices[step.key] = Choice(runner.gemm_winners.get(step.key, 0), tuple(timings),
+                                   step.key in runner.gemm_visited, step.key in replayed)
     return choices, outputs

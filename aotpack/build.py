@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
 from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import debug_artifacts, gemm, leftovers, parity, replay, runtime, signing, verify, weights
+from aotpack import debug_artifacts, gemm, gemm_cache, leftovers, parity, replay, runtime, signing, verify, weights
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
@@ -196,9 +196,14 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                 on_done=lambda done, total: progress.count(done, total, "candidates compiled"))
         with progress.phase("autotune", "autotuning on the real inputs (PGO)"):
             captured = {} if settings.debug_dir else None
+            gemm_root = settings.cache_dir / backend.name / "gemm"
+            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, settings.device_limit)
+            recorded.update(replayed or {})
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
-                on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured)
+                on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured,
+                recorded=recorded)
+            gemm_cache.write_all(gemm_root, graph, choices, settings.device_limit)
         gemm_entries = gemm.manifest_entries(graph, choices)
         graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
         used = {k.kernel_id for k in graph.kernels}

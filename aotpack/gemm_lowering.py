@@ -96,6 +96,8 @@ def _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps) -
                           [_tensor(x), _tensor(_whole(packed.buffer)), _tensor(_whole(weight)), _optional(bias),
                            ExternArg("int", rows)], [gemm_out])
         variants.append(GemmVariant("mkl", [call, *aten_steps[1:]], [packed]))
+    if not torch.backends.mkldnn.is_available():
+        return variants
     packed = _packed(lw, weight, mkldnn._reorder_linear_weight.default, [ExternArg("int", rows)])
     w = _tensor(_whole(packed.buffer))
     if other is not None:
@@ -116,7 +118,7 @@ def _algorithm(unary: str | None) -> ExternArg:
 
 def _conv_variants(lw, m, x, weight, bias, out, aten_steps) -> list | None:
     stride, padding, dilation, _transposed, output_padding, groups = m.gemm.args[3:9]
-    if any(output_padding) or len(stride) != 2:
+    if any(output_padding) or len(stride) != 2 or not torch.backends.mkldnn.is_available():
         return None
     ints = [ExternArg("int_list", list(padding)), ExternArg("int_list", list(stride)),
             ExternArg("int_list", list(dilation)), ExternArg("int", int(groups))]

@@ -27,7 +27,9 @@ class RecordedWinner:
 
 
 def recorded_winners(archive: Path) -> dict[str, RecordedWinner]:
-    """``kernel_id -> RecordedWinner`` of every kernel the archive's manifest records.
+    """``kernel_id -> RecordedWinner`` of every kernel the archive's manifest records, and
+    ``gemm:<name> -> RecordedWinner`` (``kernel_key`` = the implementation's name) of every
+    GEMM/conv step.
 
     Raises:
         AotpackError: the archive is unreadable, or predates ``kernel_id`` in manifests.
@@ -42,6 +44,9 @@ def recorded_winners(archive: Path) -> dict[str, RecordedWinner]:
                                "rebuild it once without --tuning-from")
         winners[entry["kernel_id"]] = RecordedWinner(entry["kernel_key"], entry["tiling_repr"],
                                                      tuple(entry.get("timings_us", ())))
+    for entry in manifest.get("gemms", []):  # GEMM steps: the winning implementation by name
+        winners[f"gemm:{entry['name']}"] = RecordedWinner(entry["winner"], entry["winner"],
+                                                          tuple(entry.get("timings_us", ())))
     return winners
 
 

@@ -9,7 +9,9 @@ import sys
 import pytest
 import safetensors.torch
 
-from aotpack import layout
+from aotpack import autotune, gemm_cache, layout
+from aotpack.build import build
+from aotpack.config import Settings
 from aotpack.layout import WEIGHTS_PATH as WEIGHTS
 from aotpack.package import read_manifest, read_members, write_archive
 from conftest import SAMPLES
@@ -23,8 +25,18 @@ def aotpack_diff(*args):
 
 
 @pytest.fixture(scope="module")
-def mlp(build_model):
-    return build_model(SAMPLES / "mlp.py", topn=3).archive  # topn 3: kernels are timed
+def mlp(tmp_path_factory, cache_dir):
+    """topn 3 (kernels are timed); GEMM steps made to pick ATen, so the archive holds both
+    fused kernels (the GELU epilogue and the LayerNorm) whatever the machine's timings."""
+    def aten_first(functions):
+        return [1.0 + i for i in range(len(functions))], [1.0] * len(functions)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autotune, "time_functions", aten_first)
+        patch.setattr(gemm_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
+        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        return build(SAMPLES / "mlp.py", tmp_path_factory.mktemp("diff"),
+                     settings=Settings.from_env(topn=3, cache_dir=cache_dir)).archive
 
 
 def rewrite(archive, target, edit_manifest=None, edit_files=None):

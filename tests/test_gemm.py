@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aotpack import autotune, reader
+from aotpack import autotune, gemm_cache, reader
 from aotpack.build import build
 from aotpack.config import Settings
 from conftest import assert_native_parity
@@ -18,11 +18,12 @@ pytestmark = pytest.mark.native
 ZOO = Path(__file__).resolve().parent / "models" / "gemm_zoo.py"
 
 
-@pytest.fixture(scope="module")
-def rotated(tmp_path_factory, cache_dir):
-    """gemm_zoo built with timings that make step i's winner variant i mod (its count),
-    so every implementation is shipped and run natively (the calls still run once)."""
-    counter = itertools.count()
+@pytest.fixture(scope="module", params=[0, 1])
+def rotated(request, tmp_path_factory, cache_dir):
+    """gemm_zoo built with timings that make step i's winner variant (i + offset) mod (its
+    count), so every implementation and epilogue kind is shipped and run natively (the
+    calls still run once)."""
+    counter = itertools.count(request.param)
 
     def fake_timings(functions):
         for fn in functions:
@@ -32,6 +33,8 @@ def rotated(tmp_path_factory, cache_dir):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", fake_timings)
+        patch.setattr(gemm_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
+        patch.setattr(gemm_cache, "write_all", lambda *args: None)
         result = build(ZOO, tmp_path_factory.mktemp("gemm"), settings=Settings.from_env(topn=1, cache_dir=cache_dir))
     return result
 
@@ -56,10 +59,22 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
     files = reader.read_all(rotated.archive)
     source = files["model/model.cpp"].decode()
     # winners are called typed (unboxed), their handles resolved once at load (host ABI 1.1)
-    for op in ("aten::addmm", "mkl::_mkl_linear", "mkldnn::_linear_pointwise", "mkldnn::_convolution_pointwise"):
-        assert f'find_typed("{op}", ""' in source
+    for g in rotated.manifest["gemms"]:
+        if g["kind"] == "conv2d":
+            op = {"aten": "aten::convolution", "onednn": "mkldnn::_convolution_pointwise"}[g["winner"]]
+        else:
+            binary = "binary" if g["epilogue"] == "add" else ""
+            op = {"aten": "aten::addmm", "mkl": "mkl::_mkl_linear",
+                  "onednn": f'mkldnn::_linear_pointwise", "{binary}'}[g["winner"]]
+        if g["name"] == "linear_mm_none" and g["winner"] == "aten":
+            op = "aten::mm"
+        assert f'find_typed("{op}"' in source, (g, op)
     assert "call_typed(m.typed[" in source and "call_op(" not in source.split("void run(")[1]
-    assert "mkldnn::_reorder_linear_weight" in source and "mkldnn::_reorder_convolution_weight" in source
+    # weights are packed at load exactly for the oneDNN/MKL winners
+    winners = {(g["kind"], g["winner"]) for g in rotated.manifest["gemms"]}
+    assert ("mkldnn::_reorder_linear_weight" in source) == (("linear", "onednn") in winners)
+    assert ("mkl::_mkl_reorder_linear_weight" in source) == (("linear", "mkl") in winners)
+    assert ("mkldnn::_reorder_convolution_weight" in source) == (("conv2d", "onednn") in winners)
     assert "#include <ATen" not in source
     # the archive holds only dense weights, and only the epilogue kernels of ATen/MKL winners
     kernels = {k["name"] for k in rotated.manifest["kernels"]}

@@ -134,3 +134,21 @@ def test_manifest_entries_and_inspect_table(zoo):
                                "gemms": rows})
     assert lines[1] == "  1 GEMM/conv step (implementations timed by PGO):"
     assert "relu" in lines[3] and step.variants[2].name in lines[3]
+
+
+def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):
+    from aotpack import gemm_cache
+
+    graph, _, _ = zoo
+    steps = _steps(graph)
+    choices = {steps[0].key: Choice(2, (3.0, 2.0, 1.0), True, False),
+               steps[1].key: Choice(0, (1.0, 2.0, 3.0), True, True)}  # cached: not written again
+    gemm_cache.write_all(tmp_path, graph, choices, 2)
+    found = gemm_cache.read_all(tmp_path, graph, 2)
+    assert list(found) == [steps[0].key]
+    assert found[steps[0].key].kernel_key == steps[0].variants[2].name
+    assert found[steps[0].key].timings_us == (3.0, 2.0, 1.0)
+    assert gemm_cache.read_all(tmp_path, graph, 1) == {}  # another device limit: timed again
+    (record,) = tmp_path.iterdir()
+    record.write_text("{not json")
+    assert gemm_cache.read_all(tmp_path, graph, 2) == {}
