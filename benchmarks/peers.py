@@ -1,10 +1,13 @@
 """aotpack side by side with eager PyTorch, AOTInductor, ONNX Runtime and OpenVINO.
 
-In one process, for each model of benchmarks/bench_models: build every variant once
-(peer_variants), then per thread count load each, check its outputs against eager
-PyTorch, and time all of them in interleaved rounds (the order rotates each round, so
-the machine's noise hits every variant alike). Prints a table per thread count; writes
-the result as JSON, docs/performance.md and a chart on request (bench_report).
+In one process: first build every variant of every model of benchmarks/bench_models
+once (peer_variants; the AOTInductor and aotpack builds in niced child processes,
+several at a time). Then, model by model and per thread count, load each variant,
+check its outputs against eager PyTorch, and time all of them in interleaved rounds
+(the order rotates each round, so the machine's noise hits every variant alike).
+Prints a table per thread count; writes the result as JSON (after every model),
+docs/performance.md and a chart on request (bench_report). A ~25 min run on 2 busy
+cores, most of it the builds; ``--quick`` shortens only the timing.
 
     make bench       # installs .[bench], regenerates docs/performance.md + .png
     python benchmarks/peers.py --models mlp,softmax_4096 --threads 1 --quick
