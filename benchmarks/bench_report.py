@@ -257,7 +257,10 @@ def markdown(result: dict, chart: str | None = None) -> str:
                                       "`aotpack build` process with an empty kernel cache; AOTInductor: a "
                                       "fresh Inductor cache). Load = from the artifact on disk to a callable.",
                                       ""]
-    out += build_table(result) + ["", "## aotpack build phases (s)", ""] + phase_table(result) + [""]
+    out += build_table(result) + ["", "## aotpack build phases (s)", "",
+                                  "From the build's phase summary (`BuildResult.seconds`); `total` also counts "
+                                  "loading the model file, the eager reference and the parity check.", ""]
+    out += phase_table(result) + [""]
     if chart:
         out += ["## Chart", "", f"![aotpack / best peer per model]({chart})", ""]
     return "\n".join(out)

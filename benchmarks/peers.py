@@ -277,8 +277,8 @@ def _machine() -> str:
 
 def _method(args, threads: list[int]) -> list[str]:
     return [
-        f"One process; per model every variant is built once, then for each thread count ({', '.join(map(str, threads))}) "
-        "loaded, checked against eager and timed. Same thread count for all: torch.set_num_threads (eager, "
+        f"One process; every variant of every model is built once, then per model and thread count "
+        f"({', '.join(map(str, threads))}) loaded, checked against eager and timed. Same thread count for all: torch.set_num_threads (eager, "
         "AOTInductor), ORT intra_op_num_threads, OpenVINO INFERENCE_NUM_THREADS, aotpack.load(device_limit=N).",
         f"{args.rounds} interleaved rounds, the variant order rotating each round; per round and variant "
         f"about {args.budget_s:.2f} s of calls (3..{args.max_calls}, from one timed call of that variant) after "
