@@ -57,25 +57,24 @@ def time_candidates(launcher, keys: list[str], args) -> timing.Timing:
     return timing.measure(launcher, keys, args)
 
 
-def time_functions(functions: list) -> tuple[list[float], list[float]]:
-    """(median us per call, max/median spread) of each callable, rounds interleaved
-    (the same warm-up, sample length and rounds as ``time_candidates``)."""
-    counts = []
-    for fn in functions:
-        start = time.perf_counter_ns()
-        for _ in range(WARMUP_LAUNCHES):
-            fn()
-        per_call = max(1, (time.perf_counter_ns() - start) // WARMUP_LAUNCHES)
-        counts.append(max(1, min(1000, MIN_SAMPLE_NS // per_call)))
-    samples = [[] for _ in functions]
-    for _ in range(ROUNDS):
-        for fn, count, found in zip(functions, counts, samples):
-            start = time.perf_counter_ns()
-            for _ in range(count):
-                fn()
-            found.append((time.perf_counter_ns() - start) / count / 1000.0)
-    medians = [statistics.median(s) for s in samples]
-    return medians, [max(s) / m for s, m in zip(samples, medians)]
+class _Calls:
+    """The ``Launcher`` side ``timing.measure`` uses, over plain callables: key ``i``
+    calls ``functions[i]`` (GEMM implementations run through torch)."""
+
+    def __init__(self, functions: list):
+        self.functions = functions
+
+    def launch(self, key: int, args) -> None:
+        self.functions[key]()
+
+    def synchronize(self) -> None:
+        pass
+
+
+def time_functions(functions: list) -> timing.Timing:
+    """Time each callable like kernel candidates (``time_candidates``: interleaved
+    rotated rounds, preemption-aware, re-timed while noisy)."""
+    return timing.measure(_Calls(functions), list(range(len(functions))), None)
 
 
 def _view(env, parts) -> torch.Tensor:
@@ -228,9 +227,8 @@ class PythonModeRun:
         samples = self.samples.get(kid)
         if not samples:
             return 0
-        count = len(samples[0][0])
-        means = [statistics.fmean(s[0][i] for s in samples) for i in range(count)]
-        return min(range(count), key=means.__getitem__)
+        candidates = self.compiled[kid].candidate_set.candidates
+        return timing.decide(samples, [c.block_dim for c in candidates]).index
 
     def _launcher(self, kid: str):
         if kid not in self.launchers:
@@ -281,19 +279,23 @@ class PythonModeRun:
             if decision.contended:
                 self.contended.add(kid)
                 contended.append(name)
+        self.samples.clear()
+        for key, (step, samples) in self.gemm_samples.items():
+            # Every implementation uses the same threads: ties go to the first (ATen).
+            decision = timing.decide(samples, [1] * len(step.variants))
+            timings = list(decision.estimates_us)
+            for variant, us in zip(step.variants, timings):
+                detail.info("%s candidate %s: Timing %.2f us", step.name, variant.name, us)
+            best = decision.index
+            if decision.contended:
+                contended.append(step.name)
+            self.gemm_winners[key], self.gemm_timings[key] = best, tuple(timings)
+            log.info("Autotune completed %s, best implementation: %s", step.name, step.variants[best].name)
+        self.gemm_samples.clear()
         if contended:
             log.warning("timing was contended (other processes took the CPU) for %d kernel%s: %s; their "
                         "choices may differ on an idle machine and are cached: rebuild with --retune when "
                         "it is idle", len(contended), "" if len(contended) == 1 else "s", ", ".join(contended))
-        self.samples.clear()
-        for key, (step, samples) in self.gemm_samples.items():
-            timings = [statistics.fmean(s[0][i] for s in samples) for i in range(len(step.variants))]
-            for variant, us in zip(step.variants, timings):
-                detail.info("%s candidate %s: Timing %.2f us", step.name, variant.name, us)
-            best = min(range(len(timings)), key=timings.__getitem__)
-            self.gemm_winners[key], self.gemm_timings[key] = best, tuple(timings)
-            log.info("Autotune completed %s, best implementation: %s", step.name, step.variants[best].name)
-        self.gemm_samples.clear()
 
 
 def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple],

@@ -51,6 +51,14 @@ def build_model(cache_dir, tmp_path_factory):
     return _build
 
 
+def fixed_timing(us: list[float], rounds: int = 5):
+    """A clean ``timing.Timing`` in which candidate ``i`` takes ``us[i]`` every round
+    (a stand-in for ``autotune.time_functions`` where a test fixes the winners)."""
+    from aotpack import timing
+
+    return timing.Timing(us=[[t] * rounds for t in us], clean=[[True] * rounds for _ in us])
+
+
 def eager_outputs(path) -> tuple[list[torch.Tensor], tuple]:
     """(eager outputs, example inputs) of a model file, computed on copies."""
     model_file = load_model_file(path)

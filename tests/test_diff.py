@@ -14,7 +14,7 @@ from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.layout import WEIGHTS_PATH as WEIGHTS
 from aotpack.package import read_manifest, read_members, write_archive
-from conftest import SAMPLES
+from conftest import SAMPLES, fixed_timing
 
 pytestmark = pytest.mark.native  # the archives come from a real build
 
@@ -29,7 +29,7 @@ def mlp(tmp_path_factory, cache_dir):
     """topn 3 (kernels are timed); GEMM steps made to pick ATen, so the archive holds both
     fused kernels (the GELU epilogue and the LayerNorm) whatever the machine's timings."""
     def aten_first(functions):
-        return [1.0 + i for i in range(len(functions))], [1.0] * len(functions)
+        return fixed_timing([1.0 + i for i in range(len(functions))])
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", aten_first)

@@ -11,11 +11,12 @@ import torch
 from aotpack import autotune, gemm_cache, reader
 from aotpack.build import build
 from aotpack.config import Settings
-from conftest import assert_native_parity
+from conftest import assert_native_parity, fixed_timing
 
 pytestmark = pytest.mark.native
 
 ZOO = Path(__file__).resolve().parent / "models" / "gemm_zoo.py"
+
 
 
 @pytest.fixture(scope="module", params=[0, 1])
@@ -29,7 +30,7 @@ def rotated(request, tmp_path_factory, cache_dir):
         for fn in functions:
             fn()
         favourite = next(counter) % len(functions)
-        return [1.0 if i == favourite else 2.0 + i for i in range(len(functions))], [1.0] * len(functions)
+        return fixed_timing([1.0 if i == favourite else 2.0 + i for i in range(len(functions))])
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", fake_timings)
