@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from aotpack.ir import Buffer, CondStep, ExternCall, KernelCall
+from aotpack.ir import Buffer, CondStep, ExternCall, KernelCall, walk_steps
 
 
 @dataclass(eq=False)
@@ -94,17 +94,9 @@ def _resolve_steps(steps: list, choices: dict) -> list:
     return out
 
 
-def _walk(steps: list):
-    for step in steps:
-        yield step
-        if isinstance(step, CondStep):
-            yield from _walk(step.true_steps)
-            yield from _walk(step.false_steps)
-
-
 def gemm_steps(graph) -> list[GemmStep]:
     """Every ``GemmStep`` of ``graph``, in order."""
-    return [s for s in _walk(graph.steps) if isinstance(s, GemmStep)]
+    return [s for s in walk_steps(graph.steps) if isinstance(s, GemmStep)]
 
 
 def resolve(graph, choices: dict):
@@ -114,8 +106,8 @@ def resolve(graph, choices: dict):
     if not gemm_steps(graph):
         return graph
     steps = _resolve_steps(graph.steps, choices)
-    launched = {id(s.kernel) for s in _walk(steps) if isinstance(s, KernelCall)}
-    read = {id(b) for s in _walk(steps) if isinstance(s, ExternCall) for b in s.reads()}
+    launched = {id(s.kernel) for s in walk_steps(steps) if isinstance(s, KernelCall)}
+    read = {id(b) for s in walk_steps(steps) if isinstance(s, ExternCall) for b in s.reads()}
     return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
                                packed=[p for p in graph.packed if id(p.buffer) in read])
 

@@ -326,7 +326,7 @@ class Graph:
 
     def extern_calls(self) -> list:
         """Every ``ExternCall`` step, torch.cond branches included, in order."""
-        return [step for step in _walk_steps(self.steps) if isinstance(step, ExternCall)]
+        return [step for step in walk_steps(self.steps) if isinstance(step, ExternCall)]
 
     def dump(self) -> str:
         """The program as text: its steps in order, then each distinct kernel's IR."""
@@ -338,12 +338,13 @@ class Graph:
         return "\n".join(lines) + "\n"
 
 
-def _walk_steps(steps: list):
+def walk_steps(steps: list):
+    """Every step of ``steps`` in order, the steps of both ``torch.cond`` branches included."""
     for step in steps:
         yield step
         if isinstance(step, CondStep):
-            yield from _walk_steps(step.true_steps)
-            yield from _walk_steps(step.false_steps)
+            yield from walk_steps(step.true_steps)
+            yield from walk_steps(step.false_steps)
 
 
 def _dump_steps(steps: list, indent: str) -> list[str]:

@@ -24,6 +24,7 @@ from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
     Reduction, StridedView, Value, as_strided_parts, contiguous_strides, flat_index, unflatten_index,
+    walk_steps,
 )
 from aotpack.kernel_ir import (
     Cast, Const, FusedKernel, Load, Op, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
@@ -90,7 +91,7 @@ class Lowerer:
     def _drop_unread_shared_outputs(self, outputs: list) -> None:
         """A shared value written by a row kernel (``_shared_outputs``) that no later step
         and no graph output reads is dropped from that kernel: its users were all inside it."""
-        steps = list(_all_steps(self.steps))
+        steps = list(walk_steps(self.steps))
         read = {id(b) for step in steps for b in step.reads()} | {id(parts[0]) for parts in outputs}
         for step in steps:
             kernel = getattr(step, "kernel", None)
@@ -795,15 +796,6 @@ def _output_exprs(values: list, outer: tuple, inner: int) -> list:
         else:
             exprs.append(value.fn(unflatten_index(flat_index(domain, tuple(outer) + (inner,)), value.shape)))
     return exprs
-
-
-def _all_steps(steps: list):
-    """Every step, torch.cond branches included."""
-    for step in steps:
-        yield step
-        if isinstance(step, CondStep):
-            yield from _all_steps(step.true_steps)
-            yield from _all_steps(step.false_steps)
 
 
 def _row_exprs(values: list, outer: tuple) -> list:

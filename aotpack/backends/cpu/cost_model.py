@@ -8,15 +8,16 @@ It ranks; it does not replace measurement.
 The estimate is a roofline with launch overheads, ``max(memory, compute) + overhead``:
 
 * memory: bytes the kernel must move (each input buffer read once, each output written
-  once) over the bandwidth of ``block_dim`` threads. One thread streams ~10 GB/s and
-  more threads add ~60% each until the socket saturates (measured on this project's
-  2-core CI host: 1 thread 9-11 GB/s, 2 threads 15-17 GB/s for a large copy). A strided
-  (transposing) load without a blocked loop order wastes most of each 64-byte line.
+  once) over the bandwidth of ``block_dim`` threads: ~10 GB/s for one thread, each more
+  thread adding ~60% of that up to a ~17 GB/s socket. These are round assumptions, not
+  a calibration (a 4096x4096 float32 copy into existing memory moved ~16 GB/s read +
+  write at 1 thread on the 2-core build host); only their ratios shape the ranking. A
+  strided (transposing) load without a blocked loop order wastes most of each 64-byte line.
 * compute: element operations (transcendentals ~8 ops: libm/libmvec calls) over
   ``lanes x 3 GHz x block_dim``; ``lanes`` is the SIMD width of the target ISA.
-  An ``omp simd`` loop with the compiler's own width (``simdlen=0``) or twice the
-  register width measured 5-30% slower than ``simdlen = lanes`` here, on copies as on
-  row kernels, so that factor scales the whole roofline term.
+  In a ``--topn 10`` sweep of samples/transformer_block.py, ``simdlen = lanes`` beat
+  the compiler's own width (``simdlen=0``) by up to ~30% on copies as on row kernels, so
+  that factor scales the whole roofline term.
 * overhead: ~1.5 us to fork and join an OpenMP team, ~30 ns per work item.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 from aotpack.backends.cpu.tiling import Tiling
 from aotpack.kernel_ir import FusedKernel, Load, Op, walk
 
-#: Bytes per second one thread streams, and the socket's ceiling (see the module docstring).
+#: Bytes per second one thread streams, and the socket's ceiling (assumed; module docstring).
 THREAD_BANDWIDTH = 10e9
 SOCKET_BANDWIDTH = 17e9
 #: Each added thread's share of ``THREAD_BANDWIDTH`` once threads compete for memory.

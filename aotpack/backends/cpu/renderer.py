@@ -63,6 +63,26 @@ class _Block:
         self.cse: dict[str, str] = {}
 
 
+def chunk_max_lines(ctype: str, acc_type: str, chunk: int, size: int, block_lines: list, value: str,
+                    running: str, total: str, nan_flag: str) -> list[str]:
+    """The body of one chunk ``[jc, jc_end)`` of an online max/sum sweep (C++ lines): the
+    chunk's max and NaN flag, then the running max ``running`` raised to it, with the
+    running sum ``total`` rescaled by ``exp(old - new)``. ``block_lines`` compute ``value``
+    (the element) inside the chunk loop. Used by the online (``online=1``) and
+    stored-exp (``softmax_store``) forms."""
+    lines = [f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
+             f"  {ctype} cm = -std::numeric_limits<{ctype}>::infinity();", "  int cnan = 0;",
+             f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
+             "  for (int64_t j = jc; j < jc_end; ++j) {"]
+    lines += ["    " + line for line in block_lines]
+    return lines + [f"    cm = cm > {value} ? cm : {value};", f"    cnan |= ({value} != {value});",
+                    "  }", f"  {nan_flag} |= cnan;",
+                    f"  if (cm > {running}) {{",
+                    f"    {total} = {total} * ap::exp(static_cast<{acc_type}>({running}) - "
+                    f"static_cast<{acc_type}>(cm));",
+                    f"    {running} = cm;", "  }"]
+
+
 class KernelWriter:
     """Collects the C++ of one kernel while rendering its expressions.
 
@@ -168,19 +188,10 @@ class KernelWriter:
         inf = f"std::numeric_limits<{ctype}>::infinity()"
         size, chunk = total.size, min(total.size, ONLINE_CHUNK)
         lines = [f"{ctype} {running} = -{inf};", f"{acc_type} os{number} = 0;", f"int onan{number} = 0;",
-                 f"for (int64_t jc = 0; jc < {size}; jc += {chunk}) {{",
-                 f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
-                 f"  {ctype} cm = -{inf};", "  int cnan = 0;",
-                 f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
-                 "  for (int64_t j = jc; j < jc_end; ++j) {"]
-        lines += ["    " + line for line in block_max.lines]
-        lines += [f"    cm = cm > {value_max} ? cm : {value_max};", f"    cnan |= ({value_max} != {value_max});",
-                  "  }", f"  onan{number} |= cnan;",
-                  f"  if (cm > {running}) {{",
-                  f"    os{number} = os{number} * ap::exp(static_cast<{acc_type}>({running}) - "
-                  f"static_cast<{acc_type}>(cm));",
-                  f"    {running} = cm;", "  }",
-                  f"  if ({running} == -{inf}) continue;  // all -inf so far: each adds exp(-inf) = 0",
+                 f"for (int64_t jc = 0; jc < {size}; jc += {chunk}) {{"]
+        lines += chunk_max_lines(ctype, acc_type, chunk, size, block_max.lines, value_max,
+                                 running, f"os{number}", f"onan{number}")
+        lines += [f"  if ({running} == -{inf}) continue;  // all -inf so far: each adds exp(-inf) = 0",
                   f"  {acc_type} cs = 0;",
                   f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}",
                   "  for (int64_t j = jc; j < jc_end; ++j) {"]

@@ -14,7 +14,9 @@ stores 0 with ``m_c = -inf`` (factor 0 when ``M`` is finite, NaN when the whole 
 from __future__ import annotations
 
 from aotpack.backends.cpu.formulas import C_TYPES
-from aotpack.backends.cpu.renderer import ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, _accumulator, _Block
+from aotpack.backends.cpu.renderer import (
+    ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, _accumulator, _Block, chunk_max_lines,
+)
 from aotpack.kernel_ir import FusedKernel, softmax_output
 
 #: Most chunks per row (their running maxes live on the stack: 16 KiB of float32).
@@ -48,18 +50,9 @@ def build_body(kernel: FusedKernel) -> KernelBody:
     out = f"out0[r * {size} + j]"
     lines = [f"{ctype} om = -{inf};", f"{acc_type} os = 0;", "int onan = 0;", f"{ctype} chunk_max[{chunks}];",
              f"for (int64_t c = 0; c < {chunks}; ++c) {{",
-             f"  const int64_t jc = c * {chunk};",
-             f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
-             f"  {ctype} cm = -{inf};", "  int cnan = 0;",
-             f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
-             "  for (int64_t j = jc; j < jc_end; ++j) {"]
-    lines += ["    " + line for line in block_max.lines]
-    lines += [f"    cm = cm > {value_max} ? cm : {value_max};", f"    cnan |= ({value_max} != {value_max});",
-              "  }", "  onan |= cnan;",
-              "  if (cm > om) {",
-              f"    os = os * ap::exp(static_cast<{acc_type}>(om) - static_cast<{acc_type}>(cm));",
-              "    om = cm;", "  }",
-              "  chunk_max[c] = om;",
+             f"  const int64_t jc = c * {chunk};"]
+    lines += chunk_max_lines(ctype, acc_type, chunk, size, block_max.lines, value_max, "om", "os", "onan")
+    lines += ["  chunk_max[c] = om;",
               f"  if (om == -{inf}) {{  // all -inf so far: 0 now, scaled to eager's 0 or NaN below",
               f"    #pragma omp simd{SIMDLEN_MARK}",
               f"    for (int64_t j = jc; j < jc_end; ++j) {out} = 0;",
