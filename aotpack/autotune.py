@@ -190,7 +190,8 @@ class PythonModeRun:
         """Run a GEMM step; until it is tuned, time every variant on this input set.
 
         Variant 0 (ATen) runs first as a normal step (tuning its epilogue kernel and
-        computing the output, which every variant computes alike); then each variant is
+        computing the output, which every variant computes alike); the other variants'
+        kernels (the GEMM template) get their candidates timed; then each variant is
         timed as the calls it makes (arguments prepared once, kernels at their best
         candidate so far), so Python overhead does not favour single-call variants.
         """
@@ -200,6 +201,10 @@ class PythonModeRun:
             self._execute(step.variants[winner or 0].steps, env)
             return
         self._execute(step.variants[0].steps, env)
+        for variant in step.variants[1:]:  # a GEMM template's tilings are timed like any kernel's
+            for call in variant.steps:
+                if isinstance(call, KernelCall) and call.kernel.kernel_id not in self.winners:
+                    self._kernel(call.kernel, [env[id(b)] for b in call.reads() + call.writes()])
         calls = [self._calls(variant.steps, env) for variant in step.variants]
         timed = time_functions([lambda fns=fns: [fn() for fn in fns] for fns in calls])
         self.gemm_samples.setdefault(step.key, (step, []))[1].append(timed)

@@ -10,7 +10,10 @@ buffer:
 * ``mkl`` (linear, where torch has MKL): ``mkl::_mkl_linear`` on an MKL-packed weight,
   then the same epilogue kernel;
 * ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
-  blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual).
+  blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual);
+* ``template`` (linear): aotpack's own GEMM kernel (``kernel_ir.GemmKernel``), whose
+  tilings are candidates like a fused kernel's; its weight panels are packed at build
+  time and shipped as constants (a layout of aotpack's own, not the CPU's ISA).
 
 Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
 pick for the CPU they run on; the archive ships the dense weight (it is a constant
@@ -101,15 +104,24 @@ def gemm_steps(graph) -> list[GemmStep]:
 
 def resolve(graph, choices: dict):
     """``graph`` with each ``GemmStep`` replaced by its chosen variant's steps (variant 0
-    where ``choices`` has no entry), and only the kernels and packed weights those use.
+    where ``choices`` has no entry), and only the kernels, packed weights and GEMM
+    constants those use.
     A graph without GEMM steps comes back unchanged."""
     if not gemm_steps(graph):
         return graph
     steps = _resolve_steps(graph.steps, choices)
     launched = {id(s.kernel) for s in walk_steps(steps) if isinstance(s, KernelCall)}
     read = {id(b) for s in walk_steps(steps) if isinstance(s, ExternCall) for b in s.reads()}
+    packed = [p for p in graph.packed if id(p.buffer) in read]
+    # constants only the losing variants read (a dense weight or its template panels) are not shipped
+    offered = {id(b) for step in gemm_steps(graph) for b in step.reads()}
+    needed = {id(b) for s in walk_steps(steps) for b in s.reads()}
+    needed |= {id(a.value[0]) for p in packed for a in p.args if a.kind == "tensor"}
+    needed |= {id(parts[0]) for parts in graph.outputs}
+    constants = [b for b in graph.constants if id(b) not in offered or id(b) in needed]
     return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
-                               packed=[p for p in graph.packed if id(p.buffer) in read])
+                               packed=packed, constants=constants,
+                               constant_tensors={b.name: graph.constant_tensors[b.name] for b in constants})
 
 
 def manifest_entries(graph, choices: dict) -> list[dict]:

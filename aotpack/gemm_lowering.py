@@ -13,7 +13,8 @@ import math
 import torch
 
 from aotpack.gemm import GemmStep, GemmVariant, PackedWeight
-from aotpack.ir import Buffer, ExternArg, ExternCall, contiguous_strides
+from aotpack.ir import Buffer, ExternArg, ExternCall, KernelCall, contiguous_strides
+from aotpack.kernel_ir import GEMM_EPILOGUES, GemmKernel, pack_panels, pad_bias
 
 mkldnn = torch.ops.mkldnn
 
@@ -90,14 +91,20 @@ def _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps) -
     if x_nd is None or tuple(out.shape[:-1]) != tuple(x_nd[1][:-1]):
         return None
     variants = [GemmVariant("aten", aten_steps, [])]
+    template = _template_variant(lw, m, x, weight, bias, other, out)
     if torch._C.has_mkl:
         packed = _packed(lw, weight, torch.ops.mkl._mkl_reorder_linear_weight.default, [ExternArg("int", rows)])
         call = ExternCall(torch.ops.mkl._mkl_linear.default,
                           [_tensor(x), _tensor(_whole(packed.buffer)), _tensor(_whole(weight)), _optional(bias),
                            ExternArg("int", rows)], [gemm_out])
         variants.append(GemmVariant("mkl", [call, *aten_steps[1:]], [packed]))
-    if not torch.backends.mkldnn.is_available():
-        return variants
+    if torch.backends.mkldnn.is_available():
+        variants.append(_onednn_linear(lw, m, rows, x_nd, weight, bias, other, out))
+    return variants + ([template] if template is not None else [])
+
+
+def _onednn_linear(lw, m, rows, x_nd, weight, bias, other, out) -> GemmVariant:
+    """oneDNN's linear on a weight it packs at load, bias and epilogue as post-ops."""
     packed = _packed(lw, weight, mkldnn._reorder_linear_weight.default, [ExternArg("int", rows)])
     w = _tensor(_whole(packed.buffer))
     if other is not None:
@@ -107,8 +114,61 @@ def _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps) -
         call = ExternCall(mkldnn._linear_pointwise.default,
                           [_tensor(x_nd), w, _optional(bias), ExternArg("string", m.unary or "none"),
                            ExternArg("int_list", []), _algorithm(m.unary)], [out])
-    variants.append(GemmVariant("onednn", [call], [packed]))
-    return variants
+    return GemmVariant("onednn", [call], [packed])
+
+
+def _row_stride(parts: tuple) -> int | None:
+    """The one row stride of ``parts`` seen as rows x its last dimension (unit column
+    stride), or None when its leading dimensions do not collapse into rows."""
+    _base, shape, strides, _offset = parts
+    if not shape or strides[-1] != 1 and shape[-1] != 1:
+        return None
+    if len(shape) == 1:
+        return shape[0]
+    for k in range(len(shape) - 2):
+        if shape[k] != 1 and strides[k] != strides[k + 1] * shape[k + 1]:
+            return None
+    return strides[-2]
+
+
+def _constant(lw, name: str, tensor: torch.Tensor) -> Buffer:
+    """A constant computed at build time (packed panels): shipped in the weights like any other."""
+    if name not in lw.constant_tensors:
+        lw.constants.append(Buffer(name, tuple(tensor.shape), contiguous_strides(tensor.shape), tensor.dtype,
+                                   "constant"))
+        lw.constant_tensors[name] = tensor
+    return next(b for b in lw.constants if b.name == name)
+
+
+def _template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+    """aotpack's own GEMM (``kernel_ir.GemmKernel``, its tilings tuned like any kernel's),
+    the epilogue in its register tile, on weight panels packed now; None when the
+    operands' layouts do not fit it (strided columns, a computed bias)."""
+    epilogue = m.epilogue
+    (rows, depth), row_stride = x[1], _row_stride(x)
+    if epilogue not in GEMM_EPILOGUES or row_stride is None:
+        return None
+    if bias is not None and not (bias[0].kind == "constant" and bias[0].dtype == torch.float32):
+        return None
+    residual_stride = _row_stride(other) if other is not None else 0
+    if residual_stride is None:
+        return None
+    n = weight.shape[0]
+    panels = _constant(lw, f"{weight.name}.gemm_panels", pack_panels(lw.constant_tensors[weight.name]))
+    inputs = [x[0], panels]
+    if bias is not None:
+        base, shape, strides, offset = bias
+        values = torch.as_strided(lw.constant_tensors[base.name], shape, strides, offset).reshape(n)
+        inputs.append(_constant(lw, f"{base.name}.gemm_bias", pad_bias(values)))
+    if other is not None:
+        inputs.append(other[0])
+    # named by position, not lw.counter: offering the template renames no other buffer or kernel
+    kernel = GemmKernel(f"gemm_{epilogue}_{len(lw.kernels)}", f"gemm_{epilogue}", rows, n, depth, tuple(inputs), (out,),
+                        epilogue=epilogue, has_bias=bias is not None, a_offset=x[3], a_row_stride=row_stride,
+                        residual_offset=other[3] if other is not None else 0,
+                        residual_row_stride=residual_stride)
+    lw.kernels.append(kernel)
+    return GemmVariant("template", [KernelCall(kernel)], [])
 
 
 def _algorithm(unary: str | None) -> ExternArg:

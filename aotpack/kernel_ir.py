@@ -385,3 +385,104 @@ class _Printer:
         self.numbers[expr] = number
         self.pending.append(f"  {number}: {_dtype_name(expr.dtype)} = {text}")
         return number
+
+
+# ----------------------------------------------------------------------------- GEMM kernel
+
+#: Columns per panel of a GEMM template's packed weight (``GemmKernel``): 16 float32 are
+#: two 256-bit or one 512-bit vector, so one k step of a panel is one or two vector loads.
+GEMM_PANEL = 16
+
+#: The epilogues a GEMM template applies to ``y = x @ W^T + bias`` (names as oneDNN's
+#: post-ops, which ``gemm_match`` finds): the formula each computes, as eager decomposes it.
+GEMM_EPILOGUES = {
+    "none": "y",
+    "relu": "relu(y)",
+    "gelu": "(y * 0.5) * (erf(y * sqrt(0.5)) + 1)",
+    "tanh": "tanh(y)",
+    "sigmoid": "sigmoid(y)",
+    "swish": "y * sigmoid(y)",
+    "add": "y + residual",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class GemmKernel:
+    """A GEMM template kernel: ``out[M, N] = epilogue(a[M, K] @ W^T + bias)``, float32.
+
+    ``inputs`` are ``(a base, packed weight[, bias panels][, residual base])``:
+
+    * ``a`` is read at ``a[a_offset + m * a_row_stride + k]`` (unit column stride);
+    * the weight ``W[N, K]`` is packed at build time into ``ceil(N / panel)`` panels of
+      ``panel`` columns, ``packed[p, k, j] = W[p * panel + j, k]`` (zeros past N);
+    * the bias, when there is one, is padded with zeros to ``panels * panel``;
+    * ``residual`` (epilogue ``add``) is read at ``offset + m * row_stride + n``.
+
+    ``outputs`` is the contiguous ``out``. Like ``FusedKernel``, ``kernel_id`` hashes the
+    printed form with positional buffer names, so equal GEMMs (repeated layers) share it.
+    """
+
+    name: str
+    base_name: str
+    m: int
+    n: int
+    k: int
+    inputs: tuple
+    outputs: tuple
+    epilogue: str = "none"
+    has_bias: bool = False
+    a_offset: int = 0
+    a_row_stride: int = 0
+    residual_offset: int = 0
+    residual_row_stride: int = 0
+    panel: int = GEMM_PANEL
+
+    @property
+    def panels(self) -> int:
+        """Panels of the packed weight, ``ceil(n / panel)``."""
+        return -(-self.n // self.panel)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted twice: ``2 * M * N * K``."""
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def kernel_id(self) -> str:
+        """sha256 (24 hex digits) of the printed kernel, buffer names positional."""
+        return hashlib.sha256(self.format(with_name=False).encode()).hexdigest()[:24]
+
+    def format(self, with_name: bool = True) -> str:
+        """The kernel as text: the GEMM, its operands' layouts and its epilogue."""
+        head = f"gemm {self.name}" if with_name else "gemm"
+        lines = [f"{head} [m<{self.m}, n<{self.n}, k<{self.k}]",
+                 f"  in0: float32 a[m, k] at {self.a_offset} + m*{self.a_row_stride} + k",
+                 f"  in1: float32 weight panels [{self.panels}, {self.k}, {self.panel}]"]
+        if self.has_bias:
+            lines.append(f"  in2: float32 bias [{self.panels * self.panel}]")
+        if self.epilogue == "add":
+            lines.append(f"  in{len(self.inputs) - 1}: float32 residual[m, n] at {self.residual_offset} + "
+                         f"m*{self.residual_row_stride} + n")
+        y = "a @ weight" + (" + bias" if self.has_bias else "")
+        lines.append(f"  out0: float32[{self.m}, {self.n}] = {GEMM_EPILOGUES[self.epilogue]} where y = {y}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def pack_panels(weight: torch.Tensor, panel: int = GEMM_PANEL) -> torch.Tensor:
+    """``weight[N, K]`` as GEMM panels ``[ceil(N / panel), K, panel]`` (``GemmKernel``), contiguous."""
+    n, k = weight.shape
+    panels = -(-n // panel)
+    padded = torch.zeros(panels * panel, k, dtype=weight.dtype)
+    padded[:n] = weight
+    return padded.view(panels, panel, k).transpose(1, 2).contiguous()
+
+
+def pad_bias(bias: torch.Tensor, panel: int = GEMM_PANEL) -> torch.Tensor:
+    """``bias[N]`` zero-padded to ``ceil(N / panel) * panel`` (``GemmKernel``)."""
+    n = bias.shape[0]
+    padded = torch.zeros(-(-n // panel) * panel, dtype=bias.dtype)
+    padded[:n] = bias
+    return padded

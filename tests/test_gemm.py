@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 from aotpack import autotune, gemm_cache, reader
@@ -42,7 +43,7 @@ def rotated(request, tmp_path_factory, cache_dir):
 
 def test_every_implementation_matches_eager_natively(rotated, tmp_path):
     winners = [g["winner"] for g in rotated.manifest["gemms"]]
-    expected = {"aten", "onednn"} | ({"mkl"} if torch._C.has_mkl else set())
+    expected = {"aten", "onednn", "template"} | ({"mkl"} if torch._C.has_mkl else set())
     assert set(winners) == expected
     assert_native_parity(rotated.archive, ZOO, tmp_path, atol=1e-5, rtol=1e-4)
 
@@ -65,10 +66,13 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
             op = {"aten": "aten::convolution", "onednn": "mkldnn::_convolution_pointwise"}[g["winner"]]
         else:
             binary = "binary" if g["epilogue"] == "add" else ""
-            op = {"aten": "aten::addmm", "mkl": "mkl::_mkl_linear",
+            op = {"aten": "aten::addmm", "mkl": "mkl::_mkl_linear", "template": None,
                   "onednn": f'mkldnn::_linear_pointwise", "{binary}'}[g["winner"]]
         if g["name"] == "linear_mm_none" and g["winner"] == "aten":
             op = "aten::mm"
+        if g["winner"] == "template":  # aotpack's own GEMM: a kernel launch, no ATen op
+            assert f"// gemm_{g['epilogue']}_" in source, g
+            continue
         assert f'find_typed("{op}"' in source, (g, op)
     assert "call_typed(m.typed[" in source and "call_op(" not in source.split("void run(")[1]
     # weights are packed at load exactly for the oneDNN/MKL winners
@@ -77,7 +81,16 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
     assert ("mkl::_mkl_reorder_linear_weight" in source) == (("linear", "mkl") in winners)
     assert ("mkldnn::_reorder_convolution_weight" in source) == (("conv2d", "onednn") in winners)
     assert "#include <ATen" not in source
-    # the archive holds only dense weights, and only the epilogue kernels of ATen/MKL winners
-    kernels = {k["name"] for k in rotated.manifest["kernels"]}
-    assert len(kernels) == sum(1 for g in rotated.manifest["gemms"] if g["winner"] != "onednn" and
-                               g["epilogue"] != "none")
+    # the epilogue kernels of ATen/MKL winners and the template winners' GEMM kernels
+    kernels = [k["name"] for k in rotated.manifest["kernels"]]
+    gemms = rotated.manifest["gemms"]
+    assert len(kernels) == sum(1 for g in gemms if g["winner"] in ("aten", "mkl") and g["epilogue"] != "none") + \
+        sum(1 for g in gemms if g["winner"] == "template")
+    assert sorted(k for k in kernels if k.startswith("gemm_")) == \
+        sorted(k for k in kernels if any(k.startswith(f"gemm_{g['epilogue']}_") for g in gemms
+                                         if g["winner"] == "template"))
+    # the weights: dense for ATen/MKL/oneDNN winners, only the build-time panels for the template's
+    stored = set(safetensors.torch.load(files["weights/weights.safetensors"]))
+    for g, module in zip(gemms, ["fc_relu", "fc_gelu", "fc_tanh", "fc_silu", "fc_res", "fc_t", "fc_row", "conv"]):
+        own = g["winner"] == "template"
+        assert (f"{module}.weight" in stored, f"{module}.weight.gemm_panels" in stored) == (not own, own), g

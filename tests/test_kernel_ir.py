@@ -5,7 +5,7 @@ import pytest
 
 from aotpack import backends
 from aotpack.export import export_model, load_model_file
-from aotpack.kernel_ir import Reduce, walk
+from aotpack.kernel_ir import FusedKernel, GemmKernel, Reduce, walk
 from aotpack.lowering import lower
 from conftest import SAMPLES
 
@@ -24,6 +24,11 @@ def lowered_source(tmp_path, body: str, inputs: str):
     return lowered(path)
 
 
+def fused(graph) -> list:
+    """The graph's fused kernels (the GEMM template kernels of its linears left out)."""
+    return [k for k in graph.kernels if isinstance(k, FusedKernel)]
+
+
 def reductions(kernel):
     """Kinds of the distinct reductions a kernel computes, sorted."""
     found = {n for e in kernel.exprs for n in walk(e) if isinstance(n, Reduce)}
@@ -32,8 +37,11 @@ def reductions(kernel):
 
 def test_mlp_fuses_gelu_and_layer_norm_into_one_kernel_each():
     graph = lowered(SAMPLES / "mlp.py")
-    gelu, norm = graph.kernels
-    assert [k.name for k in graph.kernels] == ["fused_mul_erf_add_2", "fused_var_mean_sub_add_rsqrt_mul_3"]
+    gelu, norm = fused(graph)
+    assert [k.name for k in fused(graph)] == ["fused_mul_erf_add_2", "fused_var_mean_sub_add_rsqrt_mul_3"]
+    # each linear also offers aotpack's GEMM template, its epilogue in the kernel
+    assert [(k.name, k.m, k.k, k.n, k.epilogue) for k in graph.kernels if isinstance(k, GemmKernel)] == [
+        ("gemm_gelu_1", 32, 512, 2048, "gelu"), ("gemm_none_3", 32, 2048, 512, "none")]
     assert str(gelu) == textwrap.dedent("""\
         kernel fused_mul_erf_add_2 [i0<32, j<2048]
           in0: float32[32, 2048] strides [2048, 1]
@@ -52,7 +60,7 @@ def test_mlp_fuses_gelu_and_layer_norm_into_one_kernel_each():
 
 def test_transformer_block_kernels_and_their_structure():
     graph = lowered(SAMPLES / "transformer_block.py")
-    names = [k.name for k in graph.kernels]
+    names = [k.name for k in fused(graph)]
     # fused_add_11 / fused_add_16: the residual adds, epilogues of the proj/fc2 GEMM steps (their
     # ATen variant); ln2 then reads a buffer laid out like ln1's input: one kernel_id for both
     assert names == ["fused_var_mean_sub_add_rsqrt_mul_1", "fused_clone_3", "fused_clone_4",

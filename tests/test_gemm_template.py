@@ -1,0 +1,145 @@
+"""aotpack's GEMM template (``kernel_ir.GemmKernel``, ``backends/cpu/gemm_template``):
+the packed weight layout, the tilings offered, and every tiling of odd-sized GEMMs with
+each epilogue, on row-strided and offset operands, compiled and launched against torch
+(float32: |ours - torch| <= 1e-5 + 1e-4 * |torch|; the summation order differs from MKL's)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aotpack import backends
+from aotpack.backends.cpu import gemm_template
+from aotpack.backends.cpu.gemm_template import GemmTiling
+from aotpack.backends.cpu.launcher import CpuLauncher
+from aotpack.config import Settings
+from aotpack.ir import Buffer, contiguous_strides
+from aotpack.kernel_ir import GEMM_PANEL, GemmKernel, pack_panels, pad_bias
+
+ATOL, RTOL = 1e-5, 1e-4
+
+EPILOGUES = {
+    "none": lambda y, r: y,
+    "relu": lambda y, r: F.relu(y),
+    "gelu": lambda y, r: F.gelu(y),
+    "tanh": lambda y, r: torch.tanh(y),
+    "sigmoid": lambda y, r: torch.sigmoid(y),
+    "swish": lambda y, r: F.silu(y),
+    "add": lambda y, r: y + r,
+}
+
+
+def _buffer(name: str, shape: tuple) -> Buffer:
+    return Buffer(name, shape, contiguous_strides(shape), torch.float32, "input")
+
+
+def _kernel(m, k, n, epilogue="none", bias=True, a_pad=(0, 0), r_pad=0) -> GemmKernel:
+    """A GEMM reading ``a`` at column offset a_pad[0] of rows a_pad[1] longer than K, and a
+    residual of rows ``r_pad`` longer than N (offset 1)."""
+    lda = k + a_pad[1]
+    inputs = [_buffer("a", (m * lda + a_pad[0],)), _buffer("w", (-(-n // GEMM_PANEL), k, GEMM_PANEL))]
+    if bias:
+        inputs.append(_buffer("bias", (-(-n // GEMM_PANEL) * GEMM_PANEL,)))
+    if epilogue == "add":
+        inputs.append(_buffer("residual", (1 + m * (n + r_pad),)))
+    return GemmKernel(f"gemm_{epilogue}_0", f"gemm_{epilogue}", m, n, k, tuple(inputs), (_buffer("out", (m, n)),),
+                      epilogue=epilogue, has_bias=bias, a_offset=a_pad[0], a_row_stride=lda,
+                      residual_offset=1 if epilogue == "add" else 0,
+                      residual_row_stride=n + r_pad if epilogue == "add" else 0)
+
+
+@pytest.mark.unit
+def test_panels_hold_sixteen_columns_of_the_weight_per_k_zero_padded():
+    weight = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)  # N=20, K=3
+    panels = pack_panels(weight)
+    assert panels.shape == (2, 3, 16) and panels.is_contiguous()
+    for n in range(32):
+        for k in range(3):
+            assert panels[n // 16, k, n % 16].item() == (weight[n, k].item() if n < 20 else 0.0)
+    assert pad_bias(torch.tensor([1.0, 2.0])).tolist() == [1.0, 2.0] + [0.0] * 14
+
+
+@pytest.mark.unit
+def test_tilings_default_first_unique_and_within_the_device_limit():
+    big = _kernel(32, 2048, 512)
+    options = gemm_template.solve(big, 2)
+    assert options[0] == GemmTiling(block_dim=2, mr=6, kc=256, mc=36)  # 256 k x 16 floats = 16 KiB (L1); all rows
+    assert len(set(options)) == len(options) and all(o.block_dim <= 2 and o.mc % o.mr == 0 for o in options)
+    assert {o.kc for o in options} == {256, 2048} and {o.mr for o in options} == {4, 6}
+    assert gemm_template.solve(big, 2, count=2) == options[:2]
+    tiny = _kernel(3, 8, 4)  # 192 flops: one thread first
+    assert gemm_template.solve(tiny, 4)[0].block_dim == 1
+    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=6;kc=256;mc=36"
+
+
+@pytest.mark.unit
+def test_kernel_id_hashes_the_gemm_not_its_name():
+    assert _kernel(7, 13, 5).kernel_id == GemmKernel(**{**_kernel(7, 13, 5).__dict__, "name": "other"}).kernel_id
+    ids = {_kernel(7, 13, 5).kernel_id, _kernel(7, 13, 5, "relu").kernel_id, _kernel(7, 13, 6).kernel_id,
+           _kernel(7, 13, 5, bias=False).kernel_id, _kernel(7, 13, 5, a_pad=(1, 2)).kernel_id}
+    assert len(ids) == 5
+    text = str(_kernel(7, 13, 5, "gelu"))
+    assert text.splitlines()[0] == "gemm gemm_gelu_0 [m<7, n<5, k<13]"
+    assert "erf" in text and "#include" not in gemm_template.render_kernel(
+        _kernel(7, 13, 5), gemm_template.solve(_kernel(7, 13, 5), 1)[0]).split("namespace {")[1]
+
+
+CASES = [  # (M, K, N, epilogue, bias, a_pad, r_pad): odd sizes, register-tile and panel tails
+    (7, 13, 5, "relu", True, (3, 4), 0),
+    (37, 70, 50, "gelu", True, (0, 0), 0),
+    (1, 16, 16, "none", False, (0, 0), 0),
+    (13, 33, 17, "add", True, (1, 0), 3),
+    (5, 9, 33, "swish", True, (0, 1), 0),
+    (6, 300, 20, "tanh", False, (0, 0), 0),
+    (11, 24, 31, "sigmoid", True, (2, 5), 0),
+]
+
+
+def _tilings(kernel: GemmKernel) -> list[GemmTiling]:
+    """The solver's, plus short k blocks (partial sums through out) and one-tile row groups."""
+    extra = [GemmTiling(block_dim=2, mr=6, kc=4, mc=6), GemmTiling(block_dim=1, mr=5, kc=7, mc=10),
+             GemmTiling(block_dim=2, mr=1, kc=kernel.k, mc=1)]
+    return list(dict.fromkeys(gemm_template.solve(kernel, 2) + extra))
+
+
+def _compile(kernel: GemmKernel, tilings: list, folder) -> CpuLauncher:
+    backend = backends.get("cpu")
+    toolchain = backend.toolchain(Settings.from_env())
+    jobs = []
+    for tiling in tilings:
+        source = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
+        source.parent.mkdir(parents=True)
+        source.write_text(backend.render_kernel(kernel, tiling))
+        jobs.append((toolchain.compile_kernel, source, source.with_name("kernel.so")))
+    (folder / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
+    jobs.append((toolchain.compile_wrapper, folder / "wrapper.cpp", folder / "wrapper.so"))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda job: job[0](job[1], job[2]), jobs))
+    return backend.load_wrapper(folder / "wrapper.so", folder, kernel.name)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}")
+def test_every_tiling_matches_torch(case, tmp_path):
+    m, k, n, epilogue, has_bias, a_pad, r_pad = case
+    kernel = _kernel(m, k, n, epilogue, has_bias, a_pad, r_pad)
+    generator = torch.Generator().manual_seed(m * 1000 + n)
+    a_store = torch.randn(kernel.inputs[0].shape, generator=generator)
+    a = a_store[a_pad[0]:a_pad[0] + m * (k + a_pad[1])].view(m, k + a_pad[1])[:, :k]  # row-strided, offset
+    weight = torch.randn(n, k, generator=generator)
+    bias = torch.randn(n, generator=generator) if has_bias else None
+    tensors = [a_store, pack_panels(weight)] + ([pad_bias(bias)] if has_bias else [])
+    residual = None
+    if epilogue == "add":
+        r_store = torch.randn(kernel.inputs[-1].shape, generator=generator)
+        residual = r_store[1:].view(m, n + r_pad)[:, :n]
+        tensors.append(r_store)
+    expected = EPILOGUES[epilogue](F.linear(a, weight, bias), residual)
+    tilings = _tilings(kernel)
+    launcher = _compile(kernel, tilings, tmp_path)
+    for tiling in tilings:
+        out = torch.full((m, n), float("nan"))
+        launcher.launch(tiling.kernel_key, tensors + [out])
+        torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
