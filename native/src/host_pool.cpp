@@ -1,6 +1,7 @@
 #include "host_pool.h"
 
 #include <c10/util/Exception.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -133,9 +134,21 @@ size_t host_cache_cap_from(const char* raw) {
   return static_cast<size_t>(mib) << 20;
 }
 
-HostPool& host_pool() {
+namespace {
+
+HostPool* make_host_pool() {
   // Leaked: DataPtrs of tensors handed to the user may be freed during static destruction.
-  static HostPool* pool = new HostPool(host_cache_cap_from(std::getenv("AOTPACK_HOST_CACHE_MB")));
+  static HostPool* pool = nullptr;
+  pool = new HostPool(host_cache_cap_from(std::getenv("AOTPACK_HOST_CACHE_MB")));
+  pthread_atfork([] { pool->lock_for_fork(); }, [] { pool->unlock_after_fork(); },
+                 [] { pool->unlock_after_fork(); });
+  return pool;
+}
+
+}  // namespace
+
+HostPool& host_pool() {
+  static HostPool* pool = make_host_pool();
   return *pool;
 }
 

@@ -54,6 +54,11 @@ class HostPool final : public c10::Allocator {
   /// Frees every idle block.
   void trim();
 
+  /// Holds the pool's mutex across fork() (pthread_atfork handlers of host_pool()), so a
+  /// child never inherits it locked by a thread that does not exist there.
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
   /// The size class of an `nbytes` request: rounded up to 64 B below 1 MiB, to 4 KiB above.
   static size_t block_size(size_t nbytes);
 

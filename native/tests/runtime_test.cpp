@@ -7,6 +7,9 @@
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/ones.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -594,6 +597,15 @@ void test_host_pool() {
     EXPECT(host().data_ptr(t, &again) == 0 && again == p && pool.stats().hits == hits + 1);
     host().release(t);
   }
+  // fork(): the child gets the pool unlocked (atfork handlers) and can allocate.
+  const pid_t child = fork();
+  if (child == 0) {
+    c10::DataPtr block = aotpack::detail::host_pool().allocate(100);
+    _exit(block.get() != nullptr ? 0 : 1);
+  }
+  int status = -1;
+  EXPECT(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0);
 }
 
 // Threads allocating and freeing blocks of mixed sizes, a small cap so blocks are both
