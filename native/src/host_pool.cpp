@@ -88,10 +88,13 @@ void HostPool::give_back(Header* header) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (header->size <= cap_bytes_ - std::min(cap_bytes_, idle_bytes_)) {
-      // In front of the blocks of its size: the most recently used block is reused first.
-      idle_.emplace_hint(idle_.lower_bound(header->size), header->size, header);
-      idle_bytes_ += header->size;
-      return;
+      try {
+        // In front of the blocks of its size: the most recently used block is reused first.
+        idle_.emplace_hint(idle_.lower_bound(header->size), header->size, header);
+        idle_bytes_ += header->size;
+        return;
+      } catch (const std::bad_alloc&) {  // no memory for the map node: free the block instead
+      }
     }
     ++stats_.evicted;
   }

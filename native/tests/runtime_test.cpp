@@ -560,8 +560,10 @@ void test_host_pool() {
     EXPECT(idle == 1024 + 1024 + 256);
     big.clear();
     EXPECT(pool.idle_bytes() == idle && pool.stats().evicted == 1);
-    pool.trim();
-    EXPECT(pool.idle_bytes() == 0);
+    // Out of memory even after freeing the idle blocks: one line, no crash.
+    EXPECT_THROWS(pool.allocate(size_t{1} << 52), "host pool: out of memory allocating");
+    EXPECT(pool.idle_bytes() == 0);  // trimmed on the way
+    EXPECT_THROWS(pool.allocate(~size_t{0}), "host pool: cannot allocate");
   }
   {
     HostPool off(0);  // AOTPACK_HOST_CACHE_MB=0: nothing kept
