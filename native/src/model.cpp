@@ -14,6 +14,7 @@
 #include "cores.h"
 #include "extraction.h"
 #include "host.h"
+#include "host_pool.h"
 #include "manifest.h"
 #include "safetensors.h"
 #include "signature.h"
@@ -210,6 +211,7 @@ struct __attribute__((visibility("hidden"))) Model::Impl {
 
 void Model::Impl::load(int32_t device_limit) {
   detail::check_device_limit(device_limit);
+  detail::host_pool();  // a bad AOTPACK_HOST_CACHE_MB is a load error, not a run error
   // 1. Verified entry by entry (the manifest and its signature before anything is written),
   //    streamed to the extraction cache or a private folder; every .so passes check_elf.
   dir = detail::Extraction::open(archive_path, detail::Limits::from_env(),

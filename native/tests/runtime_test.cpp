@@ -7,10 +7,16 @@
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/ones.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <random>
+#include <thread>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "../src/archive.h"
@@ -20,6 +26,7 @@
 #include "../src/extract.h"
 #include "../src/sha256.h"
 #include "../src/host.h"
+#include "../src/host_pool.h"
 #include "../src/manifest.h"
 #include "../src/safetensors.h"
 #include "../src/tempdir.h"
@@ -517,6 +524,126 @@ void test_host_tensors() {
   host().release(nullptr);
 }
 
+// ---- the caching host allocator ----
+
+void test_host_pool() {
+  using aotpack::detail::HostPool;
+  EXPECT(HostPool::block_size(1) == 64 && HostPool::block_size(64) == 64);
+  EXPECT(HostPool::block_size(65) == 128);
+  EXPECT(HostPool::block_size((1 << 20) + 1) == (1 << 20) + 4096);
+  {
+    HostPool pool(1 << 20);
+    c10::DataPtr a = pool.allocate(1000);
+    void* first = a.get();
+    EXPECT(reinterpret_cast<uintptr_t>(first) % 64 == 0);
+    std::memset(first, 1, 1000);
+    a.clear();  // back to the pool, idle
+    EXPECT(pool.idle_bytes() == 1024);
+    c10::DataPtr b = pool.allocate(1000);
+    EXPECT(b.get() == first);  // same size after free: the same block
+    EXPECT(pool.idle_bytes() == 0);
+    c10::DataPtr c = pool.allocate(990);  // same class, but the block is in use
+    EXPECT(c.get() != first && reinterpret_cast<uintptr_t>(c.get()) % 64 == 0);
+    b.clear();
+    c10::DataPtr d = pool.allocate(600);  // a 1024 B block serves up to twice the request
+    EXPECT(d.get() == first);
+    d.clear();
+    c10::DataPtr e = pool.allocate(200);  // ... but not more
+    EXPECT(e.get() != first);
+    EXPECT(pool.stats().hits == 2 && pool.stats().misses == 3);
+    EXPECT(pool.allocate(0).get() == nullptr);
+    // The cap: a released block that would take the idle bytes above it is freed.
+    c10::DataPtr big = pool.allocate(2 << 20);
+    c.clear();
+    e.clear();
+    const size_t idle = pool.idle_bytes();
+    EXPECT(idle == 1024 + 1024 + 256);
+    big.clear();
+    EXPECT(pool.idle_bytes() == idle && pool.stats().evicted == 1);
+    // Out of memory even after freeing the idle blocks: one line, no crash.
+    EXPECT_THROWS(pool.allocate(size_t{1} << 52), "host pool: out of memory allocating");
+    EXPECT(pool.idle_bytes() == 0);  // trimmed on the way
+    EXPECT_THROWS(pool.allocate(~size_t{0}), "host pool: cannot allocate");
+  }
+  {
+    HostPool off(0);  // AOTPACK_HOST_CACHE_MB=0: nothing kept
+    c10::DataPtr a = off.allocate(4096);
+    EXPECT(reinterpret_cast<uintptr_t>(a.get()) % 64 == 0);
+    a.clear();
+    EXPECT(off.idle_bytes() == 0 && off.stats().evicted == 1);
+    c10::DataPtr b = off.allocate(4096);
+    EXPECT(off.stats().hits == 0 && off.stats().misses == 2);
+  }
+  // AOTPACK_HOST_CACHE_MB values
+  using aotpack::detail::host_cache_cap_from;
+  EXPECT(host_cache_cap_from(nullptr) == aotpack::detail::kDefaultHostCacheBytes);
+  EXPECT(host_cache_cap_from("") == size_t{1} << 30);
+  EXPECT(host_cache_cap_from("0") == 0);
+  EXPECT(host_cache_cap_from("64") == size_t{64} << 20);
+  for (const char* bad : {"-1", "1.5", "64MB", " 64", "abc", "99999999999999999999"})
+    EXPECT_THROWS(host_cache_cap_from(bad),
+                  std::string("AOTPACK_HOST_CACHE_MB must be a whole number of MiB (0 turns the "
+                              "host buffer cache off), got '") + bad + "'");
+  // Tensors from host().empty_strided come from the runtime's pool (default cap here).
+  if (std::getenv("AOTPACK_HOST_CACHE_MB") == nullptr) {
+    auto& pool = aotpack::detail::host_pool();
+    const int64_t sizes[] = {512, 512}, strides[] = {512, 1};
+    AotpackTensor t = nullptr;
+    EXPECT(host().empty_strided(2, sizes, strides, AOTPACK_DTYPE_FLOAT32, &t) == 0);
+    void* p = nullptr;
+    EXPECT(host().data_ptr(t, &p) == 0 && reinterpret_cast<uintptr_t>(p) % 64 == 0);
+    host().release(t);
+    const uint64_t hits = pool.stats().hits;
+    EXPECT(host().empty_strided(2, sizes, strides, AOTPACK_DTYPE_FLOAT32, &t) == 0);
+    void* again = nullptr;
+    EXPECT(host().data_ptr(t, &again) == 0 && again == p && pool.stats().hits == hits + 1);
+    host().release(t);
+  }
+  // fork(): the child gets the pool unlocked (atfork handlers) and can allocate.
+  const pid_t child = fork();
+  if (child == 0) {
+    c10::DataPtr block = aotpack::detail::host_pool().allocate(100);
+    _exit(block.get() != nullptr ? 0 : 1);
+  }
+  int status = -1;
+  EXPECT(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0);
+}
+
+// Threads allocating and freeing blocks of mixed sizes, a small cap so blocks are both
+// reused and evicted; every live block keeps its owner's fill, so no two overlap.
+void test_host_pool_threads() {
+  aotpack::detail::HostPool pool(256 << 10);
+  constexpr int kThreads = 8, kRounds = 3000;
+  std::vector<int> bad(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int id = 0; id < kThreads; ++id) {
+    threads.emplace_back([&pool, &bad, id] {
+      std::mt19937 rng(id);
+      std::vector<std::pair<c10::DataPtr, size_t>> live;
+      for (int round = 0; round < kRounds; ++round) {
+        if (live.size() < 8 && (live.empty() || rng() % 2)) {
+          const size_t n = 1 + rng() % (rng() % 8 == 0 ? (2 << 20) : 4096);
+          c10::DataPtr block = pool.allocate(n);
+          if (reinterpret_cast<uintptr_t>(block.get()) % 64 != 0) ++bad[id];
+          std::memset(block.get(), id + 1, n);
+          live.emplace_back(std::move(block), n);
+        } else {
+          const size_t k = rng() % live.size();
+          const auto* bytes = static_cast<const unsigned char*>(live[k].first.get());
+          for (size_t i = 0; i < live[k].second; i += 61)
+            if (bytes[i] != id + 1) ++bad[id];
+          live.erase(live.begin() + k);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int id = 0; id < kThreads; ++id) EXPECT(bad[id] == 0);
+  const auto stats = pool.stats();
+  EXPECT(stats.hits > 0 && stats.evicted > 0 && pool.idle_bytes() <= (256 << 10));
+}
+
 // ---- temp folder and load errors ----
 
 void test_temp_dir() {
@@ -570,6 +697,8 @@ int main() {
   test_host_ops();
   test_host_op_errors();
   test_host_tensors();
+  test_host_pool();
+  test_host_pool_threads();
   test_temp_dir();
   test_elf_check();
   test_cores();
