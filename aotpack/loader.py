@@ -65,6 +65,21 @@ _capsule_set_name = ctypes.pythonapi.PyCapsule_SetName
 _capsule_set_name.restype, _capsule_set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 
 
+#: torch's own exporter, which ``Tensor.__dlpack__`` calls after its checks (~1 us here
+#: against ~7 us through ``__dlpack__``, a third of a small model's call); private, so
+#: only used when present.
+_to_dlpack_versioned = getattr(torch._C, "_to_dlpack_versioned", None)
+
+
+def _fast_capsule(value):
+    """The DLPack 1.x capsule of a plain CPU tensor (the checks of ``Tensor.__dlpack__``
+    that apply: no autograd, conjugate bit, subclass or non-strided layout), else None."""
+    if (_to_dlpack_versioned is None or type(value) is not torch.Tensor or value.requires_grad
+            or value.is_conj() or value.layout != torch.strided or value.device.type != "cpu"):
+        return None
+    return _to_dlpack_versioned(value)
+
+
 def _take(capsule) -> int:
     """The DLManagedTensorVersioned of a capsule, now owned by the caller (the capsule is
     renamed as used, so its destructor no longer frees it)."""
@@ -207,7 +222,7 @@ class Model:
             raise AotpackError(f"{self._label(index)}: expected a torch.Tensor or numpy.ndarray, got "
                                f"{type(value).__name__}")
         try:
-            capsule = value.__dlpack__(max_version=(1, 0))
+            capsule = _fast_capsule(value) or value.__dlpack__(max_version=(1, 0))
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise AotpackError(f"{self._label(index)}: cannot be passed by DLPack: {exc}") from None
         if not _capsule_is_valid(capsule, _VERSIONED_NAME):

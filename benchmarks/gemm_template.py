@@ -91,7 +91,8 @@ def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
     reference = F.linear(x, weight, bias)
     launcher, tilings = _compile_template(m, k, n, threads, work / f"{shape}-{threads}")
     out = torch.empty(m, n)
-    args = launcher.arguments([x, pack_panels(weight), pad_bias(bias), out])
+    operands = [x, pack_panels(weight), pad_bias(bias), out]  # kept alive: the launch takes raw pointers
+    args = launcher.arguments(operands)
     variants = {f"template[{t.tiling_repr.removeprefix('cpu_gemm;')}]": (lambda key=t.kernel_key: launcher.launch(key, args))
                 for t in tilings}
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size=m)

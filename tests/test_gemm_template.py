@@ -65,13 +65,13 @@ def test_panels_hold_sixteen_columns_of_the_weight_per_k_zero_padded():
 def test_tilings_default_first_unique_and_within_the_device_limit():
     big = _kernel(32, 2048, 512)
     options = gemm_template.solve(big, 2)
-    assert options[0] == GemmTiling(block_dim=2, mr=6, kc=256, mc=36)  # 256 k x 16 floats = 16 KiB (L1); all rows
+    assert options[0] == GemmTiling(block_dim=2, mr=6, kc=512, mc=36)  # K > 1024: k blocks of 512; all rows
     assert len(set(options)) == len(options) and all(o.block_dim <= 2 and o.mc % o.mr == 0 for o in options)
-    assert {o.kc for o in options} == {256, 2048} and {o.mr for o in options} == {4, 6}
+    assert {o.kc for o in options} == {512, 2048} and {o.mr for o in options} == {4, 6}
     assert gemm_template.solve(big, 2, count=2) == options[:2]
     tiny = _kernel(3, 8, 4)  # 192 flops: one thread first
     assert gemm_template.solve(tiny, 4)[0].block_dim == 1
-    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=6;kc=256;mc=36"
+    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=6;kc=512;mc=36"
 
 
 @pytest.mark.unit
