@@ -7,9 +7,12 @@ call. Both must agree with ``torch.exp`` on a sweep over [-110, 95] (every resul
 zero, denormals, normals, overflow) and be exact on the special values. The library
 must not call libm's or libmvec's expf (the point of the inline version).
 
-Bound measured: at most 1 ulp from exp computed in double and rounded to float (the
+Bound asserted: at most 1 ulp from exp computed in double and rounded to float (the
 correctly rounded result, up to double rounding), at most 2 ulp from ``torch.exp`` on
-float (itself within 1 ulp); relative error at most 1.2e-7 where the result is normal.
+float (itself within 1 ulp), relative error at most 1.2e-7 where the result is normal.
+Measured once over every float in [-104, 89] with a C++ loop (too slow for the suite):
+1 ulp, relative error 7.7e-8 with FMA (-march=native here) and 9.9e-8 without
+(-march=x86-64). libmvec's expf, which kernels called before, fails the 1 ulp bound.
 """
 from __future__ import annotations
 
