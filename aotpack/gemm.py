@@ -13,7 +13,9 @@ buffer:
   blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual);
 * ``template`` (linear): aotpack's own GEMM kernel (``kernel_ir.GemmKernel``), whose
   tilings are candidates like a fused kernel's; its weight panels are packed at build
-  time and shipped as constants (a layout of aotpack's own, not the CPU's ISA).
+  time and shipped as constants (a layout of aotpack's own, not the CPU's ISA); where
+  the dense weight is read anyway (a tied embedding), model.cpp packs them at load instead,
+  so no weight is shipped twice.
 
 Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
 pick for the CPU they run on; the archive ships the dense weight (it is a constant
@@ -29,7 +31,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from aotpack.ir import Buffer, CondStep, ExternCall, KernelCall, walk_steps
+from aotpack.ir import Buffer, CondStep, ExternArg, ExternCall, KernelCall, walk_steps
+from aotpack.kernel_ir import pack_panels
 
 
 @dataclass(eq=False)
@@ -37,7 +40,7 @@ class PackedWeight:
     """``buffer`` (kind ``packed``) = ``op(*args)``, computed once at load from a constant."""
 
     buffer: Buffer
-    op: object  # torch._ops.OpOverload
+    op: object  # torch._ops.OpOverload, or kernel_ir.pack_panels (a loop in model.cpp)
     args: list  # ExternArg; tensor arguments are whole constants
 
 
@@ -48,6 +51,9 @@ class GemmVariant:
     name: str
     steps: list
     packed: list  # PackedWeight it reads
+    #: (panels constant, dense weight) of a GEMM template: packed at build time, or at load
+    #: (``resolve``) where the dense weight is read anyway (a tied embedding)
+    panels: tuple = ()
 
 
 @dataclass(eq=False)
@@ -119,9 +125,23 @@ def resolve(graph, choices: dict):
     needed |= {id(a.value[0]) for p in packed for a in p.args if a.kind == "tensor"}
     needed |= {id(parts[0]) for parts in graph.outputs}
     constants = [b for b in graph.constants if id(b) not in offered or id(b) in needed]
+    for panels, weight in _chosen_panels(graph, choices):
+        if id(weight) in needed:  # shipped once, dense; the model packs the panels at load
+            constants = [b for b in constants if b is not panels]
+            packed.append(PackedWeight(panels, pack_panels, [ExternArg("tensor", (weight, weight.shape,
+                                                                                   weight.strides, 0))]))
     return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
                                packed=packed, constants=constants,
                                constant_tensors={b.name: graph.constant_tensors[b.name] for b in constants})
+
+
+def _chosen_panels(graph, choices: dict) -> list[tuple]:
+    """(panels, dense weight) of every GEMM template that won its step."""
+    found = []
+    for step in gemm_steps(graph):
+        choice = choices.get(step.key)
+        found.extend(step.variants[choice.index if choice else 0].panels)
+    return found
 
 
 def manifest_entries(graph, choices: dict) -> list[dict]:

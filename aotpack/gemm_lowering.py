@@ -168,7 +168,7 @@ def _template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
                         residual_offset=other[3] if other is not None else 0,
                         residual_row_stride=residual_stride)
     lw.kernels.append(kernel)
-    return GemmVariant("template", [KernelCall(kernel)], [])
+    return GemmVariant("template", [KernelCall(kernel)], [], panels=((panels, weight),))
 
 
 def _algorithm(unary: str | None) -> ExternArg:

@@ -7,16 +7,21 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from aotpack import backends
+from aotpack import autotune, backends, gemm_cache, layout, reader
 from aotpack.backends.cpu import gemm_template
 from aotpack.backends.cpu.gemm_template import GemmTiling
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.config import Settings
 from aotpack.ir import Buffer, contiguous_strides
+from aotpack.build import build
 from aotpack.kernel_ir import GEMM_PANEL, GemmKernel, pack_panels, pad_bias
+from conftest import MODELS, SAMPLES, assert_native_parity, fixed_timing
+
+TIED = MODELS / "tied_weights.py"
 
 ATOL, RTOL = 1e-5, 1e-4
 
@@ -143,3 +148,45 @@ def test_every_tiling_matches_torch(case, tmp_path):
         out = torch.full((m, n), float("nan"))
         launcher.launch(tiling.kernel_key, tensors + [out])
         torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
+
+
+def _template_wins(functions):
+    """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
+    for fn in functions:
+        fn()
+    return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
+
+
+@pytest.mark.native
+def test_template_on_a_tied_weight_packs_at_load_and_ships_it_once(tmp_path, cache_dir):
+    """lm_head shares the embedding: the archive holds the dense weight once, model.cpp
+    packs the panels in create(), and the result matches eager natively."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autotune, "time_functions", _template_wins)
+        patch.setattr(gemm_cache, "read_all", lambda *args: {})
+        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        result = build(TIED, tmp_path, settings=Settings.from_env(topn=1, cache_dir=cache_dir))
+    assert [g["winner"] for g in result.manifest["gemms"]] == ["template"]
+    files = reader.read_all(result.archive)
+    stored = set(safetensors.torch.load(files[layout.WEIGHTS_PATH]))
+    assert stored == {"decoder.embed_tokens.weight", "norm1.weight", "norm1.bias"}
+    source = files[layout.MODEL_SOURCE_PATH].decode()
+    assert "pack_panels(Tensor(m.constants[0], false), 512, 64, 16, &m.packed[0]);" in source
+    assert_native_parity(result.archive, TIED, tmp_path, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.native
+def test_template_on_an_untied_weight_ships_build_time_panels_only(tmp_path, cache_dir):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autotune, "time_functions", _template_wins)
+        patch.setattr(gemm_cache, "read_all", lambda *args: {})
+        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        result = build(SAMPLES / "mlp.py", tmp_path, settings=Settings.from_env(topn=1, cache_dir=cache_dir))
+    assert [g["winner"] for g in result.manifest["gemms"]] == ["template", "template"]
+    files = reader.read_all(result.archive)
+    stored = safetensors.torch.load(files[layout.WEIGHTS_PATH])
+    assert sorted(stored) == ["fc1.bias.gemm_bias", "fc1.weight.gemm_panels", "fc2.bias.gemm_bias",
+                              "fc2.weight.gemm_panels", "norm.bias", "norm.weight"]
+    assert stored["fc1.weight.gemm_panels"].shape == (2048 // 16, 512, 16)
+    assert "pack_panels" not in files[layout.MODEL_SOURCE_PATH].decode()
+    assert_native_parity(result.archive, SAMPLES / "mlp.py", tmp_path, atol=ATOL, rtol=RTOL)

@@ -14,6 +14,7 @@ import torch
 from aotpack import layout
 from aotpack.errors import AotpackError
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
+from aotpack.kernel_ir import pack_panels
 from aotpack.render import render
 
 
@@ -84,6 +85,7 @@ class RunEmitter:
         self.temp = 0
         self.declared = 0
         self.pack_lines: list[str] = []
+        self.panel_packs = False  # a weight packed into GEMM panels at load: emit pack_panels
 
     def name(self, buf: Buffer) -> str:
         """C++ variable holding ``buf``'s handle."""
@@ -168,8 +170,15 @@ class RunEmitter:
 
     def _pack(self, index: int, packed) -> None:
         """Lines of ``create()`` that pack a weight once (``gemm.PackedWeight``) into m.packed."""
-        saved, self.lines = self.lines, []
         constants = {id(b): i for i, b in enumerate(self.graph.constants)}
+        if packed.op is pack_panels:  # aotpack's own layout: a loop in model.cpp, no ATen op
+            weight = packed.args[0].value[0]
+            n, k = weight.shape
+            self.panel_packs = True
+            self.pack_lines.append(f"pack_panels(Tensor(m.constants[{constants[id(weight)]}], false), {n}, {k}, "
+                                   f"{packed.buffer.shape[2]}, &m.packed[{index}]);  // {packed.buffer.name}")
+            return
+        saved, self.lines = self.lines, []
         exprs = []
         for arg in packed.args:
             if arg.kind == "tensor":
@@ -312,5 +321,6 @@ def generate(graph: Graph, kernels: list, meta: dict) -> str:
     return render("model.cpp.j2", kernels=[kernel_literal(k, w) for k, w in kernels], ops=emitter.ops,
                   typed=emitter.typed,
                   run_lines=lines, pack_lines=emitter.pack_lines, num_packed=len(graph.packed),
+                  panel_packs=emitter.panel_packs,
                   num_constants=len(graph.constants), num_inputs=len(graph.inputs),
                   num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)

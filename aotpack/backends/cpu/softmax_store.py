@@ -13,6 +13,8 @@ stores 0 with ``m_c = -inf`` (factor 0 when ``M`` is finite, NaN when the whole 
 """
 from __future__ import annotations
 
+import torch
+
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.renderer import (
     ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, _accumulator, _Block, chunk_max_lines,
@@ -45,6 +47,7 @@ def build_body(kernel: FusedKernel) -> KernelBody:
     ctx.reductions[maximum] = "om"
     ctx.depends_on_j.add("om")
     value_exp = ctx.value(total.source)
+    chunk_type = "float" if maximum.dtype == torch.float32 else acc_type
     inf = f"std::numeric_limits<{ctype}>::infinity()"
     nan = f"std::numeric_limits<{ctype}>::quiet_NaN()"
     out = f"out0[r * {size} + j]"
@@ -57,12 +60,14 @@ def build_body(kernel: FusedKernel) -> KernelBody:
               f"    #pragma omp simd{SIMDLEN_MARK}",
               f"    for (int64_t j = jc; j < jc_end; ++j) {out} = 0;",
               "    continue;", "  }",
-              f"  {acc_type} cs = 0;",
+              # a chunk's sum in float (vector lanes, <= ONLINE_CHUNK / lanes adds each: error
+              # ~1e-7 relative, as ATen's cascade), the chunks' sums in the double accumulator
+              f"  {chunk_type} cs = 0;",
               f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}",
               "  for (int64_t j = jc; j < jc_end; ++j) {"]
     lines += ["    " + line for line in block_exp.lines]
     lines += [f"    {out} = static_cast<{out_type}>({value_exp});",
-              f"    cs = cs + static_cast<{acc_type}>({value_exp});", "  }", "  os += cs;", "}",
+              f"    cs = cs + {value_exp};", "  }", f"  os += static_cast<{acc_type}>(cs);", "}",
               f"const {acc_type} total = onan ? {nan} : static_cast<{acc_type}>(static_cast<{ctype}>(os));",
               f"const {acc_type} final_max = onan ? {nan} : static_cast<{acc_type}>(om);",
               f"for (int64_t c = 0; c < {chunks}; ++c) {{",
