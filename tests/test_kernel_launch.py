@@ -185,7 +185,7 @@ def _archive(tmp_path: Path, kernel_dir: Path) -> Path:
         "m.kernels[0].launch(args);",
         'check(g_host->as_strided(probe.get(), 1, Dims{4}.data(), Dims{1}.data(), 0, &outputs[0]), "output");',
     ]
-    source = render("model.cpp.j2", kernels=[lit], ops=[], typed=[], pack_lines=[], num_packed=0, run_lines=run_lines, num_constants=0, num_inputs=1,
+    source = render("model.cpp.j2", kernels=[lit], ops=[], typed=[], pack_lines=[], num_packed=0, panel_packs=False, run_lines=run_lines, num_constants=0, num_inputs=1,
                     num_outputs=1, abi_version=cpp_wrapper.MODEL_ABI_VERSION, name="wsk", version="0.1.0",
                     aotpack_version="test", device_limit=3)
     (tmp_path / "model.cpp").write_text(source)
