@@ -312,8 +312,9 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
         compiled: ``kernel_id -> CompiledSet`` (the kernels' compile.locks held).
         input_sets: the example inputs first, then calibration sets (same shapes).
         on_tuned: called as ``(kernels timed so far, kernels to time)`` during the first set.
-        recorded: ``replay.recorded_winners`` of ``--tuning-from``: GEMM steps found there
-            (``gemm:<name>``, same implementation offered) take the recorded winner untimed.
+        recorded: GEMM-step winners recorded in the build cache (``gemm_cache``) or by
+            ``--tuning-from`` (``replay.recorded_winners``): steps found there (``gemm:<name>``,
+            same implementation offered) take the recorded winner untimed.
         captured: if given, filled with ``kernel_id -> tensors`` (copies of each kernel's
             inputs and outputs at its first launch), for ``--debug-dir``'s benchmark.py.
 
@@ -349,7 +350,7 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
         else:  # not recorded: a later build whose inputs reach it will tune it
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
             choices[kid] = Choice(0, (), False, False)
-    for step in gemm_steps(graph):  # GEMM steps are timed on every build (milliseconds), never cached
+    for step in gemm_steps(graph):  # timed now, or taken from ``recorded``
         timings = replayed.get(step.key, runner.gemm_timings.get(step.key, ()))
         choices[step.key] = Choice(runner.gemm_winners.get(step.key, 0), tuple(timings),
                                    step.key in runner.gemm_visited, step.key in replayed)

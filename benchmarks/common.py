@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: load a sample, time eager interleaved."""
+"""Helpers shared by the benchmark scripts: load a sample, time calls."""
 from __future__ import annotations
 
 import copy
@@ -10,18 +10,23 @@ import torch
 from aotpack.export import load_model_file
 
 
+def wall_times(fn, runs: int) -> list[float]:
+    """Wall times of ``runs`` calls of ``fn()``, in seconds, sorted."""
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return sorted(samples)
+
+
 def eager_latency_us(module, inputs, runs: int, warmup: int = 10) -> float:
     """Median wall time of ``module(*inputs)`` in microseconds (inference mode); ``module``
     is any callable (an nn.Module, an AOTInductor runner)."""
-    samples = []
     with torch.inference_mode():
         for _ in range(warmup):
             module(*inputs)
-        for _ in range(runs):
-            start = time.perf_counter()
-            module(*inputs)
-            samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
+        return statistics.median(wall_times(lambda: module(*inputs), runs)) * 1e6
 
 
 def load_sample(path):

@@ -27,6 +27,7 @@ from aotpack.backends.cpu import gemm_template  # noqa: E402
 from aotpack.config import Settings  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
 from aotpack.kernel_ir import GEMM_PANEL, GemmKernel, pack_panels, pad_bias  # noqa: E402
+from common import wall_times  # noqa: E402
 
 #: MxKxN of the bundled samples (mlp, transformer_block) and of the tiny BERT/LLaMA benchmarks.
 DEFAULT_SHAPES = ["32x512x2048", "32x2048x512", "128x256x768", "128x256x256", "128x1024x256", "64x256x688"]
@@ -73,12 +74,7 @@ def _ort_session(weight: torch.Tensor, bias: torch.Tensor, m: int, threads: int)
 
 
 def _median_us(fn, calls: int) -> float:
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e6
+    return statistics.median(wall_times(fn, calls)) * 1e6
 
 
 def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:

@@ -21,21 +21,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import wall_times  # noqa: E402
 from reductions import CASES, build_case  # noqa: E402
 
 
 def quantiles(fn, runs: int) -> tuple[float, float]:
     """(median, 10th percentile) wall time of ``fn()`` over ``runs`` calls, in seconds."""
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    samples.sort()
+    samples = wall_times(fn, runs)
     return statistics.median(samples), samples[len(samples) // 10]
 
 

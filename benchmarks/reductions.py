@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ import torch
 import aotpack
 from aotpack.build import build
 from aotpack.config import Settings
+from common import wall_times
 
 #: name -> (forward body, input shape, output numel)
 CASES = {
@@ -60,12 +60,7 @@ def example_inputs():
 
 def median_time(fn, runs: int) -> float:
     """Median wall time of ``fn()`` over ``runs`` calls, in seconds."""
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return statistics.median(wall_times(fn, runs))
 
 
 def build_case(name: str, work: Path, threads: int, topn: int) -> Path:

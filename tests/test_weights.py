@@ -123,30 +123,29 @@ BAD_ALIASES = [
 ]
 
 
-@pytest.mark.parametrize("aliases, message", BAD_ALIASES,
-                         ids=["missing", "cycle", "self", "chain", "stored", "shape"])
-def test_bad_alias_is_refused_by_both_readers(tied, tmp_path, aliases, message):
-    bad = _rewritten(tied, tmp_path, lambda m: m["weight_aliases"].update(aliases))
+def _refused_by_both_readers(bad, message: str) -> None:
+    """The Python reader and the native runtime both refuse ``bad`` with ``message``."""
     with pytest.raises(AotpackError) as python:
         reader.check(bad)
     assert str(python.value) == f"{bad}: {message}"
     with pytest.raises(AotpackError) as native:
         load(bad)
     assert str(native.value) == f"cannot load '{bad}': {message}"
+
+
+@pytest.mark.parametrize("aliases, message", BAD_ALIASES,
+                         ids=["missing", "cycle", "self", "chain", "stored", "shape"])
+def test_bad_alias_is_refused_by_both_readers(tied, tmp_path, aliases, message):
+    bad = _rewritten(tied, tmp_path, lambda m: m["weight_aliases"].update(aliases))
+    _refused_by_both_readers(bad, message)
 
 
 def test_mutated_buffer_cannot_be_aliased(tied, tmp_path):
     def edit(manifest):
         manifest["mutated_buffers"] = ["norm2.weight"]
     bad = _rewritten(tied, tmp_path, edit)
-    message = ("mutated buffer 'norm2.weight' shares its weights with another name (weight_aliases); a "
-               "buffer the model writes must be stored on its own")
-    with pytest.raises(AotpackError) as python:
-        reader.check(bad)
-    assert str(python.value) == f"{bad}: {message}"
-    with pytest.raises(AotpackError) as native:
-        load(bad)
-    assert str(native.value) == f"cannot load '{bad}': {message}"
+    _refused_by_both_readers(bad, "mutated buffer 'norm2.weight' shares its weights with another name "
+                                  "(weight_aliases); a buffer the model writes must be stored on its own")
 
 
 def test_native_checks_cost_one_load_and_one_run(cache_dir, tmp_path, monkeypatch):

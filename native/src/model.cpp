@@ -96,10 +96,12 @@ at::Tensor tensor_from_bytes(const TensorSpec& spec, const char* bytes,
                              const std::shared_ptr<detail::MappedFile>& weights) {
   const auto options = at::TensorOptions().dtype(spec.dtype);
   at::Tensor row_major_view;
-  if (reinterpret_cast<uintptr_t>(bytes) % kConstantAlignment == 0) {
+  const auto address = reinterpret_cast<uintptr_t>(bytes);
+  if (address % c10::elementSize(spec.dtype) == 0) {  // readable in place: view it, copy from it once
     row_major_view = at::from_blob(const_cast<char*>(bytes), spec.shape,
                                    [keep = weights](void*) mutable { keep.reset(); }, options);
-    if (same_strides(spec.shape, row_major_view.strides(), spec.strides)) return row_major_view;
+    if (address % kConstantAlignment == 0 && same_strides(spec.shape, row_major_view.strides(), spec.strides))
+      return row_major_view;
   }
   at::Tensor tensor = at::empty_strided(spec.shape, spec.strides, options);
   if (tensor.numel() == 0) return tensor;

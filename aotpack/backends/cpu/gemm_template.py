@@ -22,11 +22,13 @@ from aotpack.config import MAX_TOPN
 from aotpack.kernel_ir import GemmKernel
 from aotpack.render import render
 
-#: Bytes of one vector register the template computes in (AVX2; GCC splits it on SSE-only targets).
+#: Bytes of one vector register the template computes in where the target has AVX (the
+#: template falls back to 16, SSE, without it).
 VECTOR_BYTES = 32
 #: Bytes of a panel's k block below which the whole K is one block. Measured here (Zen 3,
-#: 32 KiB L1d, 512 KiB L2): 32x512x2048 ran ~10% faster with kc = 512 (32 KiB) than 256,
-#: and 32x2048x512 fastest with the whole K; the block streams from L2 well.
+#: 32 KiB L1d, 512 KiB L2): 32x512x2048 with kc = 512 (32 KiB) ran 6-16% faster than 256 in
+#: one interleaved comparison and within the noise of it in another; 32x2048x512 was
+#: fastest with the whole K. The block streams from L2 well; PGO has the other kc too.
 L1_BLOCK_BYTES = 64 * 1024
 #: The k block of a longer K (a 32 KiB panel block).
 LONG_K_BLOCK = 512
@@ -87,11 +89,12 @@ def solve(kernel: GemmKernel, device_limit: int, count: int = MAX_TOPN) -> list[
     return unique[:min(count, MAX_TOPN)]
 
 
-def estimate_us(kernel: GemmKernel, tiling: GemmTiling, peak_gflops: float = 60.0) -> float:
-    """Roofline guess in us: flops at ``peak_gflops`` per thread (a fair single-core AVX2
-    FMA rate measured here), tails of the register tile wasted, plus ~2 us per parallel region."""
+def estimate_us(kernel: GemmKernel, tiling: GemmTiling, gflops: float = 65.0) -> float:
+    """Guess in us: flops at ``gflops`` per thread (what the template ran at on one thread
+    here, `benchmarks/gemm_template.py`: 65 GFLOPS at 32x512x2048), the register tile's
+    wasted rows counted, plus ~2 us per parallel region."""
     tiles = math.ceil(kernel.m / tiling.mr) * tiling.mr / kernel.m
-    compute = kernel.flops * tiles / (peak_gflops * 1e3 * tiling.block_dim)
+    compute = kernel.flops * tiles / (gflops * 1e3 * tiling.block_dim)
     return compute + (2.0 if tiling.block_dim > 1 else 0.0)
 
 
