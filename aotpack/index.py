@@ -11,7 +11,12 @@ from typing import Sequence
 
 @dataclass(frozen=True)
 class Index:
-    """An integer index expression: ``sum(coef * atom) + const``, all non-negative.
+    """An integer index expression: ``sum(coef * atom) + const``, coefficients positive.
+
+    The value is non-negative wherever it is read. ``const`` may be negative in a piece
+    of a ``kernel_ir.Piecewise`` (a ``cat`` input read at ``index - offset``): there the
+    value is only evaluated where it is in range, and every simplification below is
+    exact for any integer (floor division and modulo as Python's).
 
     ``terms`` holds ``(atom, coef, extent)``: an atom is a loop variable name (``i0``,
     ``j``) or, when a floordiv/modulo cannot be simplified away, an ``Atom`` for that
@@ -42,9 +47,24 @@ class Index:
         """Coefficient of ``atom`` (e.g. the stride along loop variable ``j``)."""
         return sum(c for name, c, _ in self.terms if name == atom)
 
-    def divisions(self) -> list["Atom"]:
-        """The div/mod atoms among the terms."""
-        return [name for name, _, _ in self.terms if isinstance(name, Atom)]
+    def atoms(self) -> list["Atom"]:
+        """Every atom (div, mod, reversal) of the terms, and those inside their operands."""
+        found = []
+        for name, _, _ in self.terms:
+            if isinstance(name, Atom):
+                found += [name] + name.operand.atoms()
+        return found
+
+    def reversed(self, extent: int) -> "Index":
+        """``(extent - 1) - self`` for ``self`` in ``range(extent)`` (``torch.flip``).
+
+        A negative coefficient would break the non-negative terms every simplification
+        relies on, so the reversal is one atom over ``range(extent)`` (stride -1 to
+        whoever reads its coefficient: the tiler treats it as a strided access).
+        """
+        if extent <= 1:
+            return Index.constant(0)
+        return _atom(self, "rev", extent, extent)
 
     def variables(self) -> set[str]:
         """Loop variables this index depends on, also through div/mod atoms."""
@@ -131,17 +151,20 @@ class Index:
 
 @dataclass(frozen=True)
 class Atom:
-    """``operand / divisor`` or ``operand % divisor`` (``op``), kept as one index term.
+    """``operand / divisor``, ``operand % divisor`` or ``(divisor - 1) - operand`` (``op``
+    ``/``, ``%``, ``rev``), kept as one index term.
 
     Identity is structural (the operand includes its variables' extents), so two atoms
     that print alike but range differently are never confused.
     """
 
     operand: Index
-    op: str
+    op: str  # "/", "%", or "rev": (divisor - 1) - operand
     divisor: int
 
     def __str__(self) -> str:
+        if self.op == "rev":
+            return f"({self.divisor - 1} - ({self.operand.render()}))"
         return f"(({self.operand.render()}) {self.op} {self.divisor})"
 
 

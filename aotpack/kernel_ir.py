@@ -12,6 +12,9 @@ the rows and ``j`` for the inner dimension. Nodes:
   alpha, clamp bounds); ``convert`` says the result is converted to ``dtype`` (the op
   of a torch node) rather than already being of it (arithmetic lowering adds inside one
   node, e.g. var_mean's deviation);
+* ``Piecewise(index, bounds, pieces, dtype)`` – ``pieces[k]`` where ``index`` lies in
+  ``[bounds[k-1], bounds[k])`` (a ``cat``); only the chosen piece is evaluated, so a
+  piece may read its input at an index that is out of range elsewhere;
 * ``Reduce(kind, source, size, rows, row_shape, dtype, scale)`` – ``kind`` in
   ``sum|max|min|prod`` of ``source`` over ``j`` in ``range(size)``, read at row index
   ``rows`` (the reduction's own row variables when it is computed in this kernel).
@@ -82,6 +85,21 @@ class Op:
 
 
 @dataclass(frozen=True)
+class Piecewise:
+    """``pieces[k]`` for ``bounds[k-1] <= index < bounds[k]`` (``bounds[-1]`` is the end).
+
+    ``torch.cat`` along a dimension: ``index`` is the output's index along it and piece
+    ``k`` reads input ``k`` at ``index - bounds[k-1]``. Unlike ``where``, a backend must
+    evaluate only the piece that is selected (its loads are out of bounds elsewhere).
+    """
+
+    index: Index
+    bounds: tuple
+    pieces: tuple
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
 class Reduce:
     """``kind``-reduction of ``source`` over ``j < size``, times ``scale`` (1/N for mean).
 
@@ -101,7 +119,7 @@ class Reduce:
     origin: object = field(default=None, compare=False, repr=False)
 
 
-Expr = Union[Load, Const, Cast, Op, Reduce]
+Expr = Union[Load, Const, Cast, Op, Piecewise, Reduce]
 
 
 def children(expr: Expr) -> tuple:
@@ -110,6 +128,8 @@ def children(expr: Expr) -> tuple:
         return (expr.source,)
     if isinstance(expr, Op):
         return expr.args
+    if isinstance(expr, Piecewise):
+        return expr.pieces
     if isinstance(expr, Reduce):
         return (expr.source,)
     return ()
@@ -175,10 +195,10 @@ def inner_access(exprs, inner_size: int) -> InnerAccess:
                 continue
             if node.index.coefficient("j") not in (0, 1):
                 strided = True
-            for atom in node.index.divisions():
+            for atom in node.index.atoms():
                 if "j" in atom.operand.variables():
                     strided = True
-                    if atom.operand == j:
+                    if atom.operand == j and atom.op in ("/", "%"):
                         divisors.add(atom.divisor)
     return InnerAccess(strided, tuple(sorted(divisors)))
 
@@ -278,7 +298,7 @@ def column_access(kernel) -> bool:
             if not isinstance(node, Load):
                 continue
             if any(last in atom.operand.variables() or "j" in atom.operand.variables()
-                   for atom in node.index.divisions()):
+                   for atom in node.index.atoms()):
                 return False
             if node.index.coefficient(last) not in (0, 1):
                 return False
@@ -377,6 +397,9 @@ class _Printer:
             params = f" {{{', '.join(map(repr, expr.params))}}}" if expr.params else ""
             args = ", ".join(self.node(a) for a in expr.args)
             text = f"{expr.name}{'' if expr.convert else '.raw'}({args}){params}"
+        elif isinstance(expr, Piecewise):
+            ranges = ", ".join(f"<{bound}: {self.node(piece)}" for bound, piece in zip(expr.bounds, expr.pieces))
+            text = f"piecewise[{expr.index.render()}]({ranges})"
         else:
             rows = ", ".join(r.render() for r in expr.rows)
             scale = f" * {expr.scale!r}" if expr.scale != 1.0 else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import operator
@@ -27,7 +28,7 @@ from aotpack.ir import (
     walk_steps,
 )
 from aotpack.kernel_ir import (
-    Cast, Const, FusedKernel, Load, Op, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
+    Cast, Const, FusedKernel, Load, Op, Piecewise, foreign_reduction, has_reduce, inner_access, inner_var, input_buffers,
     row_vars, walk,
 )
 
@@ -249,6 +250,10 @@ class Lowerer:
         op = node.target
         if op in ops.VIEWS:
             return self._view(node)
+        if op is torch.ops.aten.cat.default:
+            return self._cat(node)
+        if op is torch.ops.aten.flip.default:
+            return self._flip(node)
         if op in ops.COPIES:
             return self._copy(node)
         if op in ops.UNARY:
@@ -628,6 +633,48 @@ class Lowerer:
             if viewed is not None:
                 return viewed
         return self._lazy_view(node, source)
+
+    def _flip(self, node):
+        """``torch.flip``: a copy in eager, index arithmetic here (``i -> size - 1 - i``)."""
+        source = self._operand(node.args[0])
+        if isinstance(source, Lazy) and source.realized is None and source.reduces:
+            self.realize(source)  # as _view: a reduction is read at its own rows only
+        shape = tuple(_meta(node).shape)
+        return self._remap(source, shape, views.flip_index_map(shape, node.args[1]))
+
+    def _cat(self, node):
+        """``torch.cat`` as a lazy value: element ``index`` is read from the input whose
+        slice of the cat dimension holds it (a ``Piecewise`` node), so the consumer's
+        kernel reads the inputs directly and no copy is made. Inputs with no elements are
+        left out (torch accepts a 1-D empty tensor next to any shape); inputs of another
+        dtype are cast to the result's, as torch promotes them.
+        """
+        out = _meta(node)
+        if out.numel() == 0:
+            return None
+        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % out.dim()
+        parts = []
+        for arg in node.args[0]:
+            if _meta(arg).numel() == 0:
+                continue
+            value = self._operand(arg)
+            if isinstance(value, Lazy) and value.realized is None and value.reduces:
+                self.realize(value)  # read at shifted rows: computed at its own rows first
+            parts.append(value)
+        bounds = tuple(itertools.accumulate(value.shape[dim] for value in parts))
+
+        def fn(index):
+            pieces = []
+            for value, end in zip(parts, bounds):
+                start = end - value.shape[dim]
+                expr = value.expr(index[:dim] + [index[dim] + (-start)] + index[dim + 1:])
+                pieces.append(expr if expr.dtype == out.dtype else Cast(expr, out.dtype))
+            return pieces[0] if len(pieces) == 1 else Piecewise(index[dim], bounds, tuple(pieces), out.dtype)
+
+        lazy = [v for v in parts if isinstance(v, Lazy) and v.realized is None]
+        return Pointwise(tuple(out.shape), out.dtype, fn, op_count=sum(v.op_count for v in lazy),
+                         expensive=any(v.expensive for v in lazy),
+                         op_names=("cat",) + sum((v.op_names for v in lazy), ()))
 
     def _lazy_view(self, node, source: Value):
         """Views of lazy values: new index -> old index arithmetic."""

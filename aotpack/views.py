@@ -51,6 +51,12 @@ def piece_index_map(op, args, in_shape, pieces, i: int) -> IndexMap:
     return lambda index: index[:dim] + [index[dim] + start] + index[dim + 1:]
 
 
+def flip_index_map(shape, dims) -> IndexMap:
+    """Index map of ``torch.flip(x, dims)`` for ``x`` of ``shape``: reversed along ``dims``."""
+    flipped = {d % len(shape) for d in dims} if shape else set()
+    return lambda index: [idx.reversed(shape[d]) if d in flipped else idx for d, idx in enumerate(index)]
+
+
 def view_index_map(op, args, in_shape, out_shape) -> IndexMap:
     """Index map (view index -> source index) of a single-output view op."""
     if op is aten.permute.default:

@@ -63,3 +63,36 @@ def test_bool_sum_accumulates_in_int64():
     graph = _lower(lambda x: ((x > 0).sum(-1), (x > 0).prod(-1)), torch.randn(3, 7))
     assert _externs(graph) == []
     assert all(k.outputs[0].dtype == torch.int64 for k in graph.kernels)
+
+
+def test_cat_is_one_kernel_with_its_producers_and_consumer():
+    """cat(relu(x), y * 2).exp() along the inner dim: one kernel, a Piecewise over j
+    with the bounds of the inputs' slices, no extern call."""
+    x, y = torch.randn(3, 5), torch.randn(3, 7)
+    graph = _lower(lambda x, y: torch.cat([x.relu(), y * 2.0], dim=1).exp(), x, y)
+    (kernel,) = graph.kernels
+    assert _externs(graph) == [] and "piecewise[j](<5: %2, <12: %4)" in kernel.format()
+
+
+def test_a_cat_piece_is_computed_only_inside_its_branch():
+    """cat along the outer dim of broadcast columns: the select runs once per row, and
+    each piece's load stays inside its branch (outside, it would read past the input)."""
+    from aotpack.backends.cpu.renderer import build_body
+
+    a, b = torch.randn(3, 1), torch.randn(2, 1)
+    graph = _lower(lambda a, b: torch.cat([a, b], dim=0).expand(5, 8) + 1.0, a, b)
+    (kernel,) = graph.kernels
+    body = build_body(kernel)
+    assert body.row_lines == ["float t1;", "if (i0 < 3) {", "  const float t2 = in0[i0];", "  t1 = t2;",
+                              "} else {", "  const float t3 = in1[i0 + -3];", "  t1 = t3;", "}",
+                              "const float t4 = static_cast<float>((t1 + static_cast<float>(1.0)));"]
+
+
+def test_flip_is_a_reversed_index_in_the_consumer():
+    x = torch.randn(4, 64)
+    (kernel,) = _lower(lambda x: x.flip(0, 1) * 3.0, x).kernels
+    assert "load in0[64 * (3 - (i0)) + (63 - (j))]" in kernel.format()
+    assert kernel.access.strided and kernel.access.divisors == ()  # stride -1 along j, no split
+    # a narrow row merged into j: the j // 6 and j % 6 inside the reversals are split back
+    (narrow,) = _lower(lambda x: x.flip(0, 1) * 3.0, torch.randn(4, 6)).kernels
+    assert narrow.outer_shape == (4,) and narrow.inner_size == 6

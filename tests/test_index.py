@@ -4,6 +4,7 @@ import math
 import random
 
 import pytest
+import torch
 
 from aotpack.ir import Index, flat_index, unflatten_index
 
@@ -96,3 +97,25 @@ def test_split_then_merge_folds_back_to_the_variable():
     i0 = Index.var("i0", 512)
     parts = unflatten_index(flat_index([i0], (512,)), (4, 128))   # i0 // 128, i0 % 128
     assert flat_index(parts, (4, 128)).render() == "i0"
+
+
+@pytest.mark.parametrize("shape,dim", [((5,), 0), ((3, 4), 1), ((3, 4), 0), ((2, 3, 4), 1)])
+def test_reversed_index_through_reshapes_matches_flip(shape, dim):
+    """flip along ``dim``, then reshape to 1-D and back: the index still reads the
+    element torch.flip puts there (the reversal is an atom, so reshapes stay exact)."""
+    data = torch.arange(math.prod(shape)).reshape(shape)
+    expected = data.flip(dim).reshape(-1)
+    for flat in range(math.prod(shape)):
+        index = unflatten_index(Index.var("f", math.prod(shape)), list(shape))
+        index[dim] = index[dim].reversed(shape[dim])
+        offset = flat_index(index, shape)
+        assert data.reshape(-1)[_evaluate(offset, {"f": flat})] == expected[flat]
+
+
+def test_shifted_index_of_a_cat_piece_is_exact_where_the_piece_is_read():
+    """A cat input read at ``j - 32`` (negative constant) and unflattened into [4, 8]:
+    for every j in the piece's range [32, 64) the index equals plain arithmetic."""
+    shifted = Index.var("j", 64) + (-32)
+    row, col = unflatten_index(shifted, [4, 8])
+    for j in range(32, 64):
+        assert (_evaluate(row, {"j": j}), _evaluate(col, {"j": j})) == divmod(j - 32, 8)

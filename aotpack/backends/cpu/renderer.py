@@ -19,7 +19,7 @@ import torch
 
 from aotpack.backends.cpu.formulas import C_TYPES, formula, literal, optional_helpers
 from aotpack.index import contiguous_strides
-from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce, online_softmax_pairs
+from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Piecewise, Reduce, online_softmax_pairs
 from aotpack.render import render
 
 
@@ -61,6 +61,7 @@ class _Block:
     def __init__(self):
         self.lines: list[str] = []
         self.cse: dict[str, str] = {}
+        self.pieces: dict[Piecewise, str] = {}  # piecewise values computed in this block
 
 
 def chunk_max_lines(ctype: str, acc_type: str, chunk: int, size: int, block_lines: list, value: str,
@@ -104,6 +105,7 @@ class KernelWriter:
         self.reduction_count = 0
         self.row_lines: list[str] = []
         self.depends_on_j: set[str] = {"j"}
+        self.branches = 0  # depth of Piecewise pieces being written: nothing in them is hoisted
 
     def _new_var(self) -> str:
         self.counter += 1
@@ -116,8 +118,10 @@ class KernelWriter:
                 return block.cse[expr]
         name = self._new_var()
         line = f"const {ctype} {name} = {expr};"
-        if set(_TOKEN.findall(expr)) & self.depends_on_j:
+        reads_j = bool(set(_TOKEN.findall(expr)) & self.depends_on_j)
+        if reads_j:
             self.depends_on_j.add(name)
+        if reads_j or self.branches:
             self.stack[-1].lines.append(line)
             self.stack[-1].cse[expr] = name
         else:
@@ -139,7 +143,45 @@ class KernelWriter:
             ctype = C_TYPES[node.dtype]
             text = formula(node.name, node.params, node.dtype, C_TYPES[node.args[-1].dtype]).format(*names)
             return self.emit(ctype, f"static_cast<{ctype}>({text})" if node.convert else text)
+        if isinstance(node, Piecewise):
+            return self.piecewise(node)
         return self.reduction(node)
+
+    def piecewise(self, node: Piecewise) -> str:
+        """Variable holding ``node``, set by an if/else chain over its pieces.
+
+        Only the selected piece runs: a piece reads its input at ``index - offset``, out
+        of bounds where another piece is selected, so nothing inside a piece is hoisted
+        out of its branch. A chain that does not depend on ``j`` runs once per row (and
+        inside ``j``'s loop GCC unswitches a row-invariant condition at -O3).
+        """
+        for block in reversed(self.stack):
+            if node in block.pieces:
+                return block.pieces[node]
+        name = self._new_var()
+        lines = [f"{C_TYPES[node.dtype]} {name};"]
+        saved = self.stack
+        self.branches += 1
+        last = len(node.pieces) - 1
+        for k, (bound, piece) in enumerate(zip(node.bounds, node.pieces)):
+            branch = _Block()
+            self.stack = saved + [branch]
+            value = self.value(piece)
+            condition = f"if ({node.index.render()} < {bound}) {{"
+            lines.append(condition if k == 0 else f"}} else {condition}" if k < last else "} else {")
+            lines += ["  " + line for line in branch.lines] + [f"  {name} = {value};"]
+        lines.append("}")
+        self.branches -= 1
+        self.stack = saved
+        if set(_TOKEN.findall("\n".join(lines))) & self.depends_on_j:
+            self.depends_on_j.add(name)
+        if name in self.depends_on_j or self.branches:
+            self.stack[-1].lines.extend(lines)
+            self.stack[-1].pieces[node] = name
+        else:
+            self.row_lines.extend(lines)
+            self.row_block.pieces[node] = name
+        return name
 
     def reduction(self, red: Reduce) -> str:
         """Variable holding ``red`` for this row; computes it first if needed."""

@@ -1,0 +1,38 @@
+"""torch.cat and torch.flip as index arithmetic inside the consumer's kernel.
+
+cat along the inner, a middle and the outer dimension; of lazy values, buffers,
+transposed and step-sliced inputs, a broadcast input, the same tensor twice, a 1-D
+empty tensor, int64 next to float32 (promoted), a cat of cats, a cat of softmaxes (a
+reduction read at shifted rows), a single-input cat and a negative dim; flip along one,
+several and negative dims, of a lazy value and of a transposed input, also the inner
+dimension. Odd sizes throughout (7, 13, 3, 5).
+"""
+import torch
+
+
+class CatFlip(torch.nn.Module):
+    def forward(self, x, w, v, k):
+        xt = w.t()                                             # (7, 13), transposed
+        inner = torch.cat([x * 2.0, xt, x[:, :3]], dim=1)      # (7, 29)
+        outer = torch.cat([x, xt.relu(), x[::3]], dim=0)       # (17, 13)
+        middle = torch.cat([v, v[:, :2] - 1.0, v.flip(1)], dim=1)  # (3, 12, 5)
+        twice = torch.cat([x, x], dim=-1) + 1.0                # (7, 26), same tensor twice
+        mixed = torch.cat([k, x], dim=0) * 0.5                 # int64 and float32 -> float32
+        empty = torch.cat([x, x.flatten()[:0], xt], dim=0).exp()  # a 1-D empty tensor
+        nested = torch.cat([torch.cat([x, xt], dim=1), x.flip(-1)], dim=1).tanh()  # (7, 39)
+        soft = torch.cat([x.softmax(-1), xt.softmax(-1)], dim=0) * 3.0  # (14, 13)
+        single = torch.cat([x.sigmoid()], dim=0)
+        broadcast = torch.cat([x, (x[0] * 0.0 + 1.0).expand(2, 13)], dim=0)  # (9, 13)
+        flips = v.flip(0, 2) + v.permute(0, 2, 1).flip(-2).permute(0, 2, 1)
+        flipped_t = xt.flip(1) - 1.0
+        return inner, outer, middle, twice, mixed, empty, nested, soft, single, broadcast, flips, flipped_t
+
+
+def model():
+    return CatFlip()
+
+
+def example_inputs():
+    g = torch.Generator().manual_seed(5)
+    return (torch.randn(7, 13, generator=g), torch.randn(13, 7, generator=g),
+            torch.randn(3, 5, 5, generator=g), torch.randint(-5, 5, (2, 13), generator=g))
