@@ -36,6 +36,9 @@ log = logging.getLogger("aotpack")
 
 #: A lazy chain longer than this gets a buffer, to bound kernel size and compile time.
 MAX_FUSED_OPS = 48
+#: Element-ops (elements x ops x extra users) a fan-out may recompute instead of getting
+#: a buffer: ~1 us of vector arithmetic, less than a kernel launch (2-3 us measured).
+RECOMPUTE_BUDGET = 16384
 #: Inner loops shorter than this vectorise poorly: try merging outer dimensions in.
 NARROW_INNER = 64
 
@@ -349,7 +352,10 @@ class Lowerer:
     # ------------------------------------------------------------------ realize
     def _maybe_realize(self, node, value: Lazy) -> None:
         fanout = len(node.users)
-        costly = value.op_count >= 2 or value.expensive
+        # recomputing a few ops on a small tensor in each user is cheaper than a kernel
+        # launch of its own plus a round trip through memory
+        cheap = not value.expensive and value.numel * value.op_count * (fanout - 1) <= RECOMPUTE_BUDGET
+        costly = (value.op_count >= 2 or value.expensive) and not cheap
         if value.op_count > MAX_FUSED_OPS:
             self.realize(value)
         elif fanout > 1 and costly and not (value.reduces and self._row_local_users(node)):
@@ -529,7 +535,7 @@ class Lowerer:
             return Op(name, tuple(exprs), out_dtype, tuple(params))
 
         return Pointwise(out_shape, out_dtype, fn,
-                         op_count=1 + sum(v.op_count for v in lazy),
+                         op_count=(name != "identity") + sum(v.op_count for v in lazy),
                          expensive=expensive or any(v.expensive for v in lazy),
                          op_names=sum((v.op_names for v in lazy), ()) + (ops.short_name(node.target),),
                          reduces=any(v.reduces for v in lazy))

@@ -46,8 +46,8 @@ def test_std_and_std_mean_are_row_kernels():
 
 
 def test_residual_sum_is_an_extra_output_of_the_layer_norm_kernel_only_when_read_later():
-    norm = torch.nn.LayerNorm(8).eval()
-    x, y = torch.randn(3, 8), torch.randn(3, 8)
+    norm = torch.nn.LayerNorm(256).eval()
+    x, y = torch.randn(64, 256), torch.randn(64, 256)  # too big to recompute in both users
 
     def residual(x, y):
         h = x * 2 + y
@@ -57,6 +57,9 @@ def test_residual_sum_is_an_extra_output_of_the_layer_norm_kernel_only_when_read
     assert [len(k.outputs) for k in graph.kernels] == [2, 1]  # LN writes h, the last add reads it
     only_norm = _lower(lambda x, y: norm(x * 2 + y), x, y)
     assert [len(k.outputs) for k in only_norm.kernels] == [1]  # nobody else reads the sum
+    norm = torch.nn.LayerNorm(8).eval()
+    small = _lower(residual, x[:3, :8], y[:3, :8])
+    assert [len(k.outputs) for k in small.kernels] == [1, 1]  # 3x8: both kernels recompute h
 
 
 def test_bool_sum_accumulates_in_int64():
