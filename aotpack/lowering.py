@@ -20,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import extern, gemm_lowering, gemm_match, ops, views
+from aotpack import constant_folding, extern, gemm_lowering, gemm_match, ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
@@ -67,6 +67,7 @@ class Lowerer:
         self.packed: list = []  # gemm.PackedWeight
         self.gemms: dict = {}  # final FX node -> gemm_match.GemmMatch
         self.absorbed: set = set()  # FX nodes a GEMM match lowers (all but its final node)
+        self.folded = constant_folding.Folded({}, frozenset())  # input-free nodes
 
     # ------------------------------------------------------------------ entry
     def run(self) -> Graph:
@@ -77,6 +78,10 @@ class Lowerer:
             self.env[node] = self._placeholder(node, spec, read=bool(node.users) or spec.target in written)
         weights = {node.name for node, spec in zip(placeholders, self.ep.graph_signature.input_specs)
                    if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
+        readonly = {node: self.constant_sources[spec.target]
+                    for node, spec in zip(placeholders, self.ep.graph_signature.input_specs)
+                    if spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR) and spec.target not in written}
+        self.folded = constant_folding.find(self.ep.graph, readonly)
         self.gemms = gemm_match.find(self.ep.graph, weights)
         self.absorbed = {n for m in self.gemms.values() for n in m.nodes[:-1]}
         outputs, mutated = [], {"constant": [], "input": []}
@@ -149,6 +154,15 @@ class Lowerer:
         self.constant_tensors[buf.name] = self.constant_sources[buf.name] = tensor
         return buf
 
+    def _folded_constant(self, node) -> Buffer:
+        """The build-time value of an input-free node (``constant_folding``) as a constant."""
+        tensor = self.folded.values[node]
+        buf = Buffer(f"_folded_{node.name}", tuple(tensor.shape), contiguous_strides(tensor.shape),
+                     tensor.dtype, "constant")
+        self.constants.append(buf)
+        self.constant_tensors[buf.name] = self.constant_sources[buf.name] = tensor
+        return buf
+
     def _outputs(self, node):
         """Graph outputs and write-backs of mutated buffers/inputs, in a safe order.
 
@@ -208,6 +222,8 @@ class Lowerer:
 
     # ------------------------------------------------------------------ dispatch
     def _call(self, node):
+        if node in self.folded.skipped:  # computed at build time: a constant, or unread
+            return self._folded_constant(node) if node in self.folded.values else None
         if node in self.absorbed:  # lowered with its GEMM match, at the match's last node
             return None
         if node in self.gemms:

@@ -99,3 +99,27 @@ def test_flip_is_a_reversed_index_in_the_consumer():
     # a narrow row merged into j: the j // 6 and j % 6 inside the reversals are split back
     (narrow,) = _lower(lambda x: x.flip(0, 1) * 3.0, torch.randn(4, 6)).kernels
     assert narrow.outer_shape == (4,) and narrow.inner_size == 6
+
+
+def test_input_free_masks_and_positions_are_folded_into_constants():
+    """arange/full/triu and the ops on them read no input: computed at build time and
+    shipped as constants, so only the op reading the input is left (one kernel)."""
+    from aotpack.constant_folding import MAX_FOLDED_BYTES
+
+    def masked(x):
+        positions = torch.arange(x.shape[-1]) * 2 + 1
+        mask = torch.full((x.shape[-1], x.shape[-1]), float("-inf")).triu(1)
+        return x @ torch.zeros(5, 5) + mask + positions
+    graph = _lower(masked, torch.randn(5, 5))
+    folded = [b.name for b in graph.constants if b.name.startswith("_folded_")]
+    assert _externs(graph) == ["aten.mm.default"] and len(graph.kernels) == 1
+    assert len(folded) == 3  # the zeros, the mask and the positions, each read by the kernel
+    mask = next(t for name, t in graph.constant_tensors.items() if name in folded and t.shape == (5, 5)
+                and t.isinf().any())
+    assert torch.equal(mask, torch.full((5, 5), float("-inf")).triu(1))
+
+    big = MAX_FOLDED_BYTES // 4 + 1  # float32 elements: one more than the limit allows
+    graph = _lower(lambda x: x + torch.arange(big, dtype=torch.float32) * 3.0, torch.randn(big))
+    assert [b.name for b in graph.constants if b.name.startswith("_folded_")] == []
+    seeded = _lower(lambda x: x + torch.rand(4), torch.randn(4))  # never folded: random
+    assert _externs(seeded) == ["aten.rand.default"]
