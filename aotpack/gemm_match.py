@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from aotpack import ops
+
 aten = torch.ops.aten
 _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _UNARY = {aten.relu.default: "relu", aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid"}
@@ -65,7 +67,7 @@ def _is_f32(*nodes) -> bool:
 
 
 def _users(node) -> list:
-    return list(node.users)
+    return ops.users(node)
 
 
 def _scalar_arg(node, value: float) -> bool:
@@ -79,13 +81,13 @@ def _gelu(y) -> tuple | None:
         return None
     half = next((u for u in users if _scalar_arg(u, 0.5)), None)
     inner = next((u for u in users if _scalar_arg(u, _SQRT_HALF)), None)
-    if half is None or inner is None or len(inner.users) != 1 or len(half.users) != 1:
+    if half is None or inner is None or len(_users(inner)) != 1 or len(_users(half)) != 1:
         return None
     erf = _users(inner)[0]
-    if erf.target is not aten.erf.default or len(erf.users) != 1:
+    if erf.target is not aten.erf.default or len(_users(erf)) != 1:
         return None
     plus = _users(erf)[0]
-    if plus.target is not aten.add.Tensor or not _scalar_arg(plus, 1) or plus.kwargs or len(plus.users) != 1:
+    if plus.target is not aten.add.Tensor or not _scalar_arg(plus, 1) or plus.kwargs or len(_users(plus)) != 1:
         return None
     final = _users(plus)[0]
     if final.target is not aten.mul.Tensor or set(final.args) != {half, plus} or _users(half) != [final]:
@@ -179,7 +181,7 @@ def match(node, constants: set) -> GemmMatch | None:
         return None
     tail, views = node, []
     n = _val(node).shape[-1] if kind == "linear" else None
-    while kind == "linear" and len(tail.users) == 1 and _users(tail)[0].target in _RESHAPES:
+    while kind == "linear" and len(_users(tail)) == 1 and _users(tail)[0].target in _RESHAPES:
         view = _users(tail)[0]
         if _val(view).shape[-1] != n:
             break

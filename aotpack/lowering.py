@@ -367,7 +367,7 @@ class Lowerer:
 
     # ------------------------------------------------------------------ realize
     def _maybe_realize(self, node, value: Lazy) -> None:
-        fanout = len(node.users)
+        fanout = len(ops.users(node))
         # recomputing a few ops on a small tensor in each user is cheaper than a kernel
         # launch of its own plus a round trip through memory
         cheap = not value.expensive and value.numel * value.op_count * (fanout - 1) <= RECOMPUTE_BUDGET
@@ -384,7 +384,7 @@ class Lowerer:
     def _feeds_row_reduction(node) -> bool:
         """Some user reduces ``node``'s trailing dims (a LayerNorm after a residual add)."""
         rank = len(_meta(node).shape)
-        for user in node.users:
+        for user in ops.users(node):
             if user.target in ops.REDUCTIONS or user.target in ops.VARIANCES or \
                     user.target is torch.ops.aten.var_mean.correction:
                 dims = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim")
@@ -436,7 +436,7 @@ class Lowerer:
         in cache, instead of costing a second kernel and a round trip to memory.
         """
         shape = tuple(_meta(node).shape)
-        for user in node.users:
+        for user in ops.users(node):
             if (user.target in ops.REDUCTIONS or user.target in ops.VARIANCES
                     or user.target is torch.ops.aten.var_mean.correction):
                 continue

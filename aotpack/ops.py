@@ -128,6 +128,12 @@ VIEWS = {
 ASSERTIONS = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
               aten.sym_constrain_range_for_size.default}
 
+
+def users(node) -> list:
+    """The FX users of ``node`` that compute something (not runtime assertions, which
+    ``torch.export`` adds after ``.to()`` and which read no element)."""
+    return [user for user in node.users if user.target not in ASSERTIONS]
+
 #: reduction op -> (kind, mean?)
 REDUCTIONS = {
     aten.sum.dim_IntList: ("sum", False),

@@ -123,3 +123,16 @@ def test_input_free_masks_and_positions_are_folded_into_constants():
     assert [b.name for b in graph.constants if b.name.startswith("_folded_")] == []
     seeded = _lower(lambda x: x + torch.rand(4), torch.randn(4))  # never folded: random
     assert _externs(seeded) == ["aten.rand.default"]
+
+
+def test_rms_norm_with_dtype_round_trip_is_one_kernel():
+    """LLaMA's RMSNorm: ``.to(dtype)`` leaves an assertion node reading the normalised
+    value; it is no second user, so the weight multiply joins the row kernel."""
+    weight = torch.randn(128)
+
+    def rms_norm(x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return weight * h.to(x.dtype)
+    (kernel,) = _lower(rms_norm, torch.randn(1, 64, 128)).kernels
+    assert kernel.format().count("mul(") == 2 and kernel.has_reduction
