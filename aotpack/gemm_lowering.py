@@ -51,7 +51,7 @@ def lower(lw, m):
     weight = lw.env[m.weight]
     if not (isinstance(weight, Buffer) and weight.kind == "constant"):
         return lw.lower_nodes(m.nodes)
-    x = lw._strided(lw._operand(m.x))
+    x = lw._read_parts(lw._operand(m.x))
     bias = lw._strided(lw._operand(m.bias)) if m.bias is not None else None
     other = lw._strided(lw._operand(m.residual)) if m.residual is not None else None
     outer, lw.steps = lw.steps, []

@@ -186,6 +186,27 @@ def as_strided_parts(value: Value) -> tuple[Buffer, tuple, tuple, int] | None:
     return None
 
 
+def affine_read(value: Value) -> tuple[Buffer, tuple, tuple, int] | None:
+    """(base, sizes, strides, offset) of a lazy value that only reads one buffer at an
+    affine index (a ``clone``/``contiguous`` of a view, an expanded slice), else None.
+
+    Such a value needs no copy for a reader that takes strides (an ATen call): it is
+    that strided view of the buffer. Not for graph outputs, which must not alias.
+    """
+    if not isinstance(value, Lazy) or value.realized is not None or value.reduces:
+        return None
+    shape = tuple(value.shape)
+    names = [f"i{k}" for k in range(len(shape))]
+    expr = value.expr([Index.var(name, size) for name, size in zip(names, shape)])
+    while isinstance(expr, kernel_ir.Op) and expr.name == "identity" and expr.args[0].dtype == expr.dtype:
+        expr = expr.args[0]
+    if not isinstance(expr, kernel_ir.Load) or expr.index.atoms() or expr.index.const < 0:
+        return None
+    if expr.index.variables() - set(names):
+        return None
+    return expr.buffer, shape, tuple(expr.index.coefficient(name) for name in names), expr.index.const
+
+
 # ----------------------------------------------------------------------------- graph
 
 

@@ -24,7 +24,7 @@ from aotpack import constant_folding, extern, gemm_lowering, gemm_match, ops, vi
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
-    Reduction, StridedView, Value, as_strided_parts, contiguous_strides, flat_index, unflatten_index,
+    Reduction, StridedView, Value, affine_read, as_strided_parts, contiguous_strides, flat_index, unflatten_index,
     walk_steps,
 )
 from aotpack.kernel_ir import (
@@ -506,6 +506,11 @@ class Lowerer:
                 ExternArg("none", None), ExternArg("none", None)]
         return ExternCall(torch.ops.aten.empty_strided.default, args, [buf])
 
+    def _read_parts(self, value: Value) -> tuple:
+        """Strided parts for a reader that takes strides (an extern call, a GEMM's
+        input): a lazy plain read of a buffer is passed as that view, with no copy."""
+        return affine_read(value) or self._strided(value)
+
     def _strided(self, value: Value) -> tuple:
         parts = as_strided_parts(value)
         if parts is None:
@@ -826,7 +831,7 @@ class Lowerer:
         if not isinstance(op, torch._ops.OpOverload):
             raise AotpackError(f"unsupported construct: call to {op} in node '{node.name}' is not an "
                                "ATen operator; export the model so it uses torch operators only")
-        args = [extern.argument(node, argument, value, self._operand, self._strided, self._scalar_constant)
+        args = [extern.argument(node, argument, value, self._operand, self._read_parts, self._scalar_constant)
                 for argument, value in extern.schema_values(node)]
         val = _meta(node)
         outs = val if isinstance(val, (list, tuple)) else ([] if val is None else [val])

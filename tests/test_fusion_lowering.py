@@ -136,3 +136,15 @@ def test_rms_norm_with_dtype_round_trip_is_one_kernel():
         return weight * h.to(x.dtype)
     (kernel,) = _lower(rms_norm, torch.randn(1, 64, 128)).kernels
     assert kernel.format().count("mul(") == 2 and kernel.has_reduction
+
+
+def test_a_plain_copy_read_by_an_aten_call_is_passed_as_a_view():
+    """bmm(a.transpose(1, 2).contiguous(), b): the copy only re-reads ``a`` at an affine
+    index, so bmm gets that strided view of ``a`` and no copy kernel runs; a graph
+    output that is such a copy still gets its own buffer (outputs never alias inputs)."""
+    a, b = torch.randn(2, 5, 3), torch.randn(2, 5, 4)
+    graph = _lower(lambda a, b: torch.bmm(a.transpose(1, 2).contiguous(), b), a, b)
+    (call,) = graph.extern_calls()
+    assert graph.kernels == [] and call.args[0].value[1:] == ((2, 3, 5), (15, 1, 3), 0)
+    copied = _lower(lambda a: a.transpose(1, 2).contiguous(), a)
+    assert len(copied.kernels) == 1
