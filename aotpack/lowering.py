@@ -368,6 +368,8 @@ class Lowerer:
     # ------------------------------------------------------------------ realize
     def _maybe_realize(self, node, value: Lazy) -> None:
         fanout = len(ops.users(node))
+        if fanout > 1 and not value.reduces and _disjoint_slices(node):
+            fanout = 1  # split into head and tail: each element is still computed once
         # recomputing a few ops on a small tensor in each user is cheaper than a kernel
         # launch of its own plus a round trip through memory
         cheap = not value.expensive and value.numel * value.op_count * (fanout - 1) <= RECOMPUTE_BUDGET
@@ -852,6 +854,26 @@ class Lowerer:
                                   aliases=inputs if views else ()))
         self.steps.append(ExternCall(op, args, buffers))
         return buffers if isinstance(val, (list, tuple)) else buffers[0]
+
+
+def _disjoint_slices(node) -> bool:
+    """Every user of ``node`` takes a unit-step slice along one and the same dim, and no
+    two slices overlap (``x[:4]`` and ``x[4:]``): together they read each element once."""
+    users = ops.users(node)
+    shape = tuple(_meta(node).shape)
+    if not shape or any(u.target is not torch.ops.aten.slice.Tensor for u in users):
+        return False
+    spans = []
+    for user in users:
+        dim, start, end, step = (list(user.args[1:]) + [0, None, None, 1][len(user.args) - 1:])[:4]
+        dim = dim % len(shape)
+        size = shape[dim]
+        start, end = (0 if start is None else start), (size if end is None else end)
+        start, end = [min(max(v + size if v < 0 else v, 0), size) for v in (start, end)]
+        spans.append((dim, start, end, step))
+    spans.sort(key=lambda span: span[1])
+    return (len({span[0] for span in spans}) == 1 and all(span[3] == 1 for span in spans)
+            and all(a[2] <= b[1] for a, b in zip(spans, spans[1:])))
 
 
 def _output_exprs(values: list, outer: tuple, inner: int) -> list:

@@ -148,3 +148,15 @@ def test_a_plain_copy_read_by_an_aten_call_is_passed_as_a_view():
     assert graph.kernels == [] and call.args[0].value[1:] == ((2, 3, 5), (15, 1, 3), 0)
     copied = _lower(lambda a: a.transpose(1, 2).contiguous(), a)
     assert len(copied.kernels) == 1
+
+
+def test_a_value_split_into_head_and_tail_is_not_realised_for_its_two_users():
+    """x[:4] and x[4:] read each element of a computed value once: no buffer for it;
+    overlapping slices (x[:5], x[4:]) would recompute, so that value gets its kernel."""
+    x = torch.randn(12, 700)  # too big to recompute under the budget
+
+    def split(x, a, b):
+        y = (x * 2.0).exp() + x
+        return torch.cat([y[a:].flip(0), y[:b] * 3.0], dim=0)
+    assert len(_lower(lambda x: split(x, 4, 4), x).kernels) == 1
+    assert len(_lower(lambda x: split(x, 4, 5), x).kernels) == 2
