@@ -9,7 +9,8 @@ as a constant in place of the subgraph (the build's parity check covers it like 
 
 Only nodes that depend on no model input and no parameter are folded (a weight is never
 duplicated in another layout); buffers and lifted constants that forward does not
-write (a rotary ``inv_freq``) count as constants. Only deterministic ATen ops (not
+write (a rotary ``inv_freq``) count as constants, and a plain view of one is lowered as
+that view, not shipped as a copy. Only deterministic ATen ops (not
 ``nondeterministic_seeded`` ones such as ``rand``), and only results of at most
 ``MAX_FOLDED_BYTES``: a large input-free tensor (a 4096x4096 mask) is cheaper to
 recompute than to ship, so it is lowered as before, reading the folded values it needs.
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx
+
+from aotpack import ops
 
 #: Largest folded tensor (bytes); bigger input-free values are computed at run time.
 MAX_FOLDED_BYTES = 256 * 1024
@@ -73,6 +76,16 @@ def find(graph: fx.Graph, constants: dict) -> Folded:
         except Exception:  # noqa: BLE001 - not folded; the run-time call reports it
             continue
     folded = {node: value for node, value in small.items() if node not in constants}
+    # a view of a constant costs nothing at run time: where a run-time op reads it, it is
+    # lowered as that view (with the views it is made of) rather than shipped as a copy
+    free = set()
+    for node in folded:
+        if node.target in ops.VIEWS and all(n in constants or n in free for n in node.all_input_nodes):
+            free.add(node)
+    kept_views = set()
+    for node in reversed(list(folded)):
+        if node in free and any(user not in folded or user in kept_views for user in node.users):
+            kept_views.add(node)
     shipped = {node: value.contiguous().clone() for node, value in folded.items()
-               if any(user not in folded for user in node.users)}
-    return Folded(shipped, frozenset(folded))
+               if node not in free and any(user not in folded for user in node.users)}
+    return Folded(shipped, frozenset(folded.keys() - kept_views))

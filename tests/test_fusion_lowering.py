@@ -160,3 +160,19 @@ def test_a_value_split_into_head_and_tail_is_not_realised_for_its_two_users():
         return torch.cat([y[a:].flip(0), y[:b] * 3.0], dim=0)
     assert len(_lower(lambda x: split(x, 4, 4), x).kernels) == 1
     assert len(_lower(lambda x: split(x, 4, 5), x).kernels) == 2
+
+
+def test_a_view_of_a_constant_is_not_folded_into_a_copy():
+    """table[:, :1] read by a run-time op stays a view of the stored table (no second
+    copy of its data), while arithmetic on it is still folded."""
+    class Table(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.randn(6, 4))
+
+        def forward(self, x):
+            return x + self.table[:, :1], x * (self.table[:, 1:2] * 2.0).exp()
+    ep = torch.export.export(Table(), (torch.randn(6, 1),), strict=False).run_decompositions(decomposition_table())
+    graph = lower(ep, backends.get("cpu").dtypes)
+    folded = [b for b in graph.constants if b.name.startswith("_folded_")]
+    assert [b.shape for b in folded] == [(6, 1)] and "table" in [b.name for b in graph.constants]

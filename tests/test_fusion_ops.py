@@ -67,7 +67,7 @@ def test_residual_add_is_written_by_the_next_layer_norm_kernel(build_model, tmp_
     text = read_members(result.archive)[KERNEL_IR_PATH].decode()
     assert report.launch_sites(text) == 2  # 3 with the residual sum as a kernel of its own
     # one kernel writes LayerNorm(h) * 3 and h; the second reads h
-    two_outputs = [block for block in text.split("\n\n") if "\n  out1: float32[2, 17, 64] = " in block]
+    two_outputs = [block for block in text.split("\n\n") if "\n  out1: float32[4, 17, 256] = " in block]
     assert len(two_outputs) == 1
     assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
 

@@ -218,3 +218,21 @@ def test_split_reduction_workspace_in_the_manifest(tmp_path):
 def split_bytes(rows: int, threads: int) -> int:
     segments = math.ceil(threads / rows)
     return math.ceil(rows * segments * 16 / 64) * 64
+
+
+def test_reductions_of_a_cat_match_eager_in_every_loop_form(tmp_path, kernel_cache):
+    """A cat (a Piecewise read) feeding a row softmax (online and stored-exp forms), a
+    column sum (column loops, the select on the row) and one long row's sum (split):
+    up to four candidates of each kernel, each against eager."""
+    forward = """
+        return (torch.cat([x, x1.flip(1) * 2.0], dim=-1).softmax(-1),
+                torch.cat([x, x1 * 2.0], dim=0).sum(0),
+                torch.cat([x.reshape(-1), x1.reshape(-1).exp()]).sum())
+    """
+    path = write_model(tmp_path, "cat_reductions", forward, "torch.randn(37, 1029, generator=g)",
+                       "torch.randn(37, 1029, generator=g)")
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: True, most=4)
+    assert not graph.extern_calls()
+    assert any("online=" in r for r in reprs) and any("col_block=" in r for r in reprs)
+    assert any("split=" in r for r in reprs)
+    assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)

@@ -5,7 +5,8 @@ transposed and step-sliced inputs, a broadcast input, the same tensor twice, a 1
 empty tensor, int64 next to float32 (promoted), a cat of cats, a cat of softmaxes (a
 reduction read at shifted rows), a single-input cat and a negative dim; flip along one,
 several and negative dims, of a lazy value and of a transposed input, also the inner
-dimension. Odd sizes throughout (7, 13, 3, 5).
+dimension; cats read by a row softmax, a column sum and a long row's sum. Odd sizes
+throughout (7, 13, 3, 5).
 """
 import torch
 
@@ -25,7 +26,13 @@ class CatFlip(torch.nn.Module):
         broadcast = torch.cat([x, (x[0] * 0.0 + 1.0).expand(2, 13)], dim=0)  # (9, 13)
         flips = v.flip(0, 2) + v.permute(0, 2, 1).flip(-2).permute(0, 2, 1)
         flipped_t = xt.flip(1) - 1.0
-        return inner, outer, middle, twice, mixed, empty, nested, soft, single, broadcast, flips, flipped_t
+        # a cat read by reductions: a row softmax (online/stored-exp forms), a column sum
+        # (column loop order), a long row's sum (split reduction)
+        row_soft = torch.cat([x, xt.flip(0)], dim=-1).softmax(-1)
+        col_sum = torch.cat([x, xt * 2.0], dim=0).sum(0)
+        long_sum = torch.cat([x.reshape(-1), w.reshape(-1).exp()] * 20).sum()
+        return (inner, outer, middle, twice, mixed, empty, nested, soft, single, broadcast, flips, flipped_t,
+                row_soft, col_sum, long_sum)
 
 
 def model():
