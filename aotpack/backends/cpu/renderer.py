@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aotpack.backends.cpu import lane_sum
 from aotpack.backends.cpu.formulas import C_TYPES, formula, literal, optional_helpers
 from aotpack.index import contiguous_strides
 from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Reduce, online_softmax_pairs
@@ -224,6 +225,8 @@ class KernelWriter:
         if tracks_nan:
             lines.append(f"  {nan} |= ({value} != {value});")
         lines.append("}")
+        if lane_sum.applies(red.kind, red.dtype, red.source.dtype, red.size):  # float lanes, double chunks
+            lines = lane_sum.lane_sum_lines(acc, red.size, body, value, SIMDLEN_MARK)
         result = f"static_cast<{ctype}>({acc})"
         if red.scale != 1.0:
             scale = repr(red.scale) if math.isfinite(red.scale) else literal(red.scale, "double")
