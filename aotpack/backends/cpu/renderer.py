@@ -46,6 +46,7 @@ def _accumulator(kind: str, dtype) -> tuple[str, str]:
 
     Float sums and products accumulate in double: a float32 accumulator over millions
     of elements drifts by 1e-3 relative (ATen uses a cascade sum for the same reason).
+    A float32 row sum first adds each chunk in float lanes (``lane_sum``), then the chunks here.
     Integer max/min start from the type's limits (an integer has no infinity); bool
     reduces as int, which OpenMP's max/min clauses accept.
     """
