@@ -51,7 +51,8 @@ def lane_sum_lines(acc: str, size: int, body: list[str], value: str, simdlen_mar
     """
     chunk = min(size, CHUNK)
     begin, end = span or ("0", str(size))
-    exact = span is None and size % chunk == 0 and chunk % LANES == 0  # every chunk: whole lane vectors
+    whole = span is None and size % LANES == 0  # every chunk is whole lane vectors (CHUNK is a multiple)
+    exact = whole and size % chunk == 0  # and every chunk is CHUNK long
     inner = ["    " + line for line in body]
     lines = [f"double {acc} = 0;",
              f"for (int64_t jc = {begin}; jc < {end}; jc += {chunk}) {{"]
@@ -70,7 +71,7 @@ def lane_sum_lines(acc: str, size: int, body: list[str], value: str, simdlen_mar
               "  float cs = 0;",
               f"  #pragma omp simd reduction(+:cs){simdlen_mark}",
               f"  for (int64_t l = 0; l < {LANES}; ++l) cs = cs + lanes[l];"]
-    if not exact:  # the rest of a chunk that is not whole lane vectors
+    if not whole:  # the rest of a chunk that is not whole lane vectors
         lines += [f"  #pragma omp simd reduction(+:cs){simdlen_mark}",
                   "  for (int64_t j = jl_end; j < jc_end; ++j) {"]
         lines += inner
