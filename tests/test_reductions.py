@@ -3,8 +3,8 @@
 Each model is lowered once; every candidate of the loop form under test is compiled and
 run in Python mode (the archive's kernels, launched through their wrappers), and each
 one's outputs are compared with eager. Tolerances: softmax 1e-6 absolute (float32
-outputs <= 1); sums 1e-5 relative + 1e-5 absolute (double accumulators, summed in
-another order than ATen's).
+outputs <= 1); sums 1e-5 relative + 1e-5 absolute (float lanes and double accumulators,
+summed in another order than ATen's).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from aotpack import backends, cache, candidates
 from aotpack import compile as compile_stage
 from aotpack.autotune import PythonModeRun
-from aotpack.backends.cpu import tiling
+from aotpack.backends.cpu import lane_sum, renderer, tiling
 from aotpack.config import Settings
 from aotpack.export import export_model, load_model_file
 from aotpack.lowering import lower
@@ -136,6 +136,42 @@ def test_online_softmax_over_a_transposed_input(tmp_path, kernel_cache):
                        "torch.randn(300, 9, generator=g)")
     reprs, runs, eager, _ = run_forms(path, kernel_cache, lambda t: t.online)
     assert_close(runs, reprs, eager, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- row sums (lane form)
+
+
+def test_float_row_sums_use_float_lanes_and_match_eager(tmp_path, kernel_cache):
+    # widths: 37 (one lane vector and a tail), 1000 (one partial chunk), 4097 (four chunks and
+    # one element), 70000 (69 chunks), 2080 (a last chunk of one lane vector, no tail); mean
+    # 100, so var / layer_norm need the two-pass form; row 0 of x1 holds +inf (sum inf),
+    # row 1 +inf and -inf (NaN), row 2 a NaN, as in eager
+    shapes = [(3, 37), (5, 1000), (4, 4097), (2, 70000), (3, 2080)]
+    forward = """
+        y = x1.clone()
+        y[0, 7] = float("inf")
+        y[1, 3] = float("inf")
+        y[1, 900] = float("-inf")
+        y[2, 500] = float("nan")
+        xs = (x, x1, x2, x3, x4)
+        return (tuple(t.sum(-1) for t in xs) + tuple(t.var(-1) for t in xs)
+                + tuple(torch.nn.functional.layer_norm(t, t.shape[-1:]) for t in xs) + (y.sum(-1),))
+    """
+    path = write_model(tmp_path, "row_sums", forward, *(f"torch.randn({s}, generator=g) * 10 + 100" for s in shapes))
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: True, most=3)
+    reducing = [k for k in graph.distinct_kernels() if k.has_reduction]
+    assert len(reducing) >= 15  # sum, var, layer_norm per width (y.sum may share x1.sum's kernel)
+    for kernel in reducing:  # every one sums its floats in lanes
+        assert "float lanes[32]" in renderer.render_kernel(kernel, tiling.solve(kernel, DEVICE_LIMIT)[0])
+    assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_lane_form_only_for_float32_sums_of_a_lane_vector_or_more():
+    assert lane_sum.applies("sum", torch.float32, torch.float32, lane_sum.LANES)
+    assert not lane_sum.applies("sum", torch.float32, torch.float32, lane_sum.LANES - 1)
+    assert not lane_sum.applies("sum", torch.float64, torch.float64, 4096)
+    assert not lane_sum.applies("prod", torch.float32, torch.float32, 4096)
+    assert not lane_sum.applies("max", torch.float32, torch.float32, 4096)
 
 
 # ----------------------------------------------------------------------------- column reductions

@@ -14,13 +14,15 @@ reduction are memory-bound in that form and get a loop nest of their own here:
   after the parallel loop. Workspace: ``split_workspace_bytes``.
 
 Both return the C++ lines that replace the template's row loop (``render_kernel``).
-Accumulators are those of the row form (``renderer._accumulator``: double for float sums),
+Accumulators are those of the row form (``renderer._accumulator``: double for float sums;
+a split float32 sum adds each segment in float lanes as the row form does, ``lane_sum``),
 so results agree with it to rounding.
 """
 from __future__ import annotations
 
 import math
 
+from aotpack.backends.cpu import lane_sum
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.renderer import REDUCTION_CLAUSE, REDUCTION_COMBINE, KernelWriter, _accumulator, _Block
 from aotpack.index import contiguous_strides
@@ -143,11 +145,16 @@ def split_loops(kernel: FusedKernel, tiling) -> list[str]:
         clauses = f"reduction({REDUCTION_CLAUSE[red.kind]}:{acc})" + (f" reduction(|:{nan})" if nan else "")
         clauses += f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
         body += hoisted
-        body += [f"{acc_type} {acc} = {init};"] + ([f"int {nan} = 0;"] if nan else [])
-        body += [f"#pragma omp simd {clauses}", "for (int64_t j = j_begin; j < j_end; ++j) {"]
-        body += ["  " + line for line in inner]
-        body += ["  " + line for line in _combine(red, acc, value, nan)]
-        body += ["}", f"*reinterpret_cast<{acc_type}*>({slot}) = {acc};",
+        if lane_sum.applies(red.kind, red.dtype, red.source.dtype, size):  # float lanes, double chunks
+            simdlen = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""
+            body += lane_sum.lane_sum_lines(acc, size, inner, value, simdlen, span=("j_begin", "j_end"))
+        else:
+            body += [f"{acc_type} {acc} = {init};"] + ([f"int {nan} = 0;"] if nan else [])
+            body += [f"#pragma omp simd {clauses}", "for (int64_t j = j_begin; j < j_end; ++j) {"]
+            body += ["  " + line for line in inner]
+            body += ["  " + line for line in _combine(red, acc, value, nan)]
+            body += ["}"]
+        body += [f"*reinterpret_cast<{acc_type}*>({slot}) = {acc};",
                  f"*reinterpret_cast<int*>({slot} + 8) = {nan if nan else 0};"]
         # after the parallel loop: one thread folds the row's segments in order
         part, part_nan = f"part{k}", f"part_nan{k}"

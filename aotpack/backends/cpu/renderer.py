@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aotpack.backends.cpu import lane_sum
 from aotpack.backends.cpu.formulas import C_TYPES, formula, literal, optional_helpers
 from aotpack.index import contiguous_strides
 from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Piecewise, Reduce, online_softmax_pairs
@@ -45,6 +46,7 @@ def _accumulator(kind: str, dtype) -> tuple[str, str]:
 
     Float sums and products accumulate in double: a float32 accumulator over millions
     of elements drifts by 1e-3 relative (ATen uses a cascade sum for the same reason).
+    A float32 row sum first adds each chunk in float lanes (``lane_sum``), then the chunks here.
     Integer max/min start from the type's limits (an integer has no infinity); bool
     reduces as int, which OpenMP's max/min clauses accept.
     """
@@ -266,6 +268,8 @@ class KernelWriter:
         if tracks_nan:
             lines.append(f"  {nan} |= ({value} != {value});")
         lines.append("}")
+        if lane_sum.applies(red.kind, red.dtype, red.source.dtype, red.size):  # float lanes, double chunks
+            lines = lane_sum.lane_sum_lines(acc, red.size, body, value, SIMDLEN_MARK)
         result = f"static_cast<{ctype}>({acc})"
         if red.scale != 1.0:
             scale = repr(red.scale) if math.isfinite(red.scale) else literal(red.scale, "double")
