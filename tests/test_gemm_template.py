@@ -219,3 +219,22 @@ def test_template_on_an_untied_weight_ships_build_time_panels_only(tmp_path, cac
     assert stored["fc1.weight.gemm_panels"].shape == (2048 // 16, 512, 16)
     assert "pack_panels" not in files[layout.MODEL_SOURCE_PATH].decode()
     assert_native_parity(result.archive, SAMPLES / "mlp.py", tmp_path, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.native
+def test_gelu_epilogue_erf_within_its_stated_error(tmp_path):
+    """The template's inline erf (3.8e-7 absolute): GELU of a 1x1 GEMM (weight 1, no bias)
+    over [-6, 6] and the specials, against the eager decomposition in float64."""
+    values = torch.cat([torch.linspace(-6, 6, 12001), torch.tensor([0.0, -0.0, 1e-30, float("inf"),
+                                                                     float("-inf"), float("nan")])])
+    kernel = _kernel(values.numel(), 1, 1, "gelu", bias=False)
+    tiling = gemm_template.solve(kernel, 1)[0]
+    launcher = _compile(kernel, [tiling], tmp_path)
+    out = torch.empty(values.numel(), 1)
+    launcher.launch(tiling.kernel_key, [values.clone(), pack_panels(torch.ones(1, 1)), out])
+    y = values.double()
+    expected = (y * 0.5) * (torch.erf(y * 0.5 ** 0.5) + 1)
+    got = out[:, 0].double()
+    finite = expected.isfinite()
+    assert ((got[finite] - expected[finite]).abs() <= 2e-7 * y[finite].abs() + 1e-7 * expected[finite].abs()).all()
+    assert got[-3].item() == float("inf") and got[-2].isnan() and got[-1].isnan()  # as the decomposition

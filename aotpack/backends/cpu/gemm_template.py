@@ -125,7 +125,7 @@ _EPILOGUE_CPP = {
     "none": "y",
     "add": "y",  # the residual is added to y as it is read
     "relu": "ap_relu(y)",
-    "gelu": "(y * 0.5f) * (ap::erf(y * 0.70710678118654752f) + 1.0f)",
+    "gelu": "(y * 0.5f) * (gemm_erf(y * 0.70710678118654752f) + 1.0f)",  # the template's inline erf
     "tanh": "ap::tanh(y)",
     "sigmoid": "ap_sigmoid(y)",
     "swish": "y * ap_sigmoid(y)",
