@@ -70,13 +70,42 @@ def test_panels_hold_sixteen_columns_of_the_weight_per_k_zero_padded():
 def test_tilings_default_first_unique_and_within_the_device_limit():
     big = _kernel(32, 2048, 512)
     options = gemm_template.solve(big, 2)
-    assert options[0] == GemmTiling(block_dim=2, mr=6, kc=512, mc=36)  # K > 1024: k blocks of 512; all rows
+    assert options[0] == GemmTiling(block_dim=2, mr=6, kc=2048, mc=36)  # K <= 2048: one k block; all rows
     assert len(set(options)) == len(options) and all(o.block_dim <= 2 and o.mc % o.mr == 0 for o in options)
-    assert {o.kc for o in options} == {512, 2048} and {o.mr for o in options} == {4, 6}
+    assert {o.kc for o in options} == {1024, 2048} and {o.mr for o in options} == {4, 6}
     assert gemm_template.solve(big, 2, count=2) == options[:2]
     tiny = _kernel(3, 8, 4)  # 192 flops: one thread first
     assert gemm_template.solve(tiny, 4)[0].block_dim == 1
-    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=6;kc=512;mc=36"
+    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=6;kc=2048;mc=36"
+    longer = gemm_template.solve(_kernel(32, 4096, 64), 1)[0]  # K > 2048: k blocks of 512
+    assert (longer.kc, longer.mc) == (512, 36)
+
+
+@pytest.mark.unit
+def test_rows_split_into_tiles_of_balanced_heights():
+    assert gemm_template.tile_heights(32, 6) == [6, 6, 5, 5, 5, 5]
+    assert gemm_template.tile_heights(13, 6) == [5, 4, 4]
+    assert gemm_template.tile_heights(12, 6) == [6, 6] and gemm_template.tile_heights(1, 6) == [1]
+    for m in range(1, 80):
+        heights = gemm_template.tile_heights(m, 6)
+        assert sum(heights) == m and len(heights) == -(-m // 6) and max(heights) - min(heights) <= 1
+
+
+@pytest.mark.unit
+def test_estimate_counts_a_tile_under_four_rows_as_four():
+    kernel = _kernel(32, 512, 2048)
+    balanced = gemm_template.estimate_us(kernel, GemmTiling(block_dim=1, mr=6, kc=512, mc=36))
+    assert balanced == pytest.approx(kernel.flops / 90e3)  # 6 6 5 5 5 5: none latency-bound
+    one_row = gemm_template.estimate_us(_kernel(1, 512, 2048), GemmTiling(block_dim=1, mr=6, kc=512, mc=6))
+    assert one_row == pytest.approx(4 * 2 * 512 * 2048 / 90e3)
+
+
+@pytest.mark.unit
+def test_row_groups_fit_l2_and_share_the_tiles_evenly():
+    # 512 rows, k block 256 floats: 256 rows fit 256 KiB, so two groups of 43 of the 86 tiles
+    assert gemm_template.solve(_kernel(512, 256, 768), 1)[0].mc == 43 * 6
+    # 128 rows x 1024: 64 rows fit, two groups of 11 tiles (not 10 + 10 + 2)
+    assert gemm_template.solve(_kernel(128, 1024, 256), 1)[0].mc == 11 * 6
 
 
 @pytest.mark.unit
@@ -190,3 +219,22 @@ def test_template_on_an_untied_weight_ships_build_time_panels_only(tmp_path, cac
     assert stored["fc1.weight.gemm_panels"].shape == (2048 // 16, 512, 16)
     assert "pack_panels" not in files[layout.MODEL_SOURCE_PATH].decode()
     assert_native_parity(result.archive, SAMPLES / "mlp.py", tmp_path, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.native
+def test_gelu_epilogue_erf_within_its_stated_error(tmp_path):
+    """The template's inline erf (3.8e-7 absolute): GELU of a 1x1 GEMM (weight 1, no bias)
+    over [-6, 6] and the specials, against the eager decomposition in float64."""
+    values = torch.cat([torch.linspace(-6, 6, 12001), torch.tensor([0.0, -0.0, 1e-30, float("inf"),
+                                                                     float("-inf"), float("nan")])])
+    kernel = _kernel(values.numel(), 1, 1, "gelu", bias=False)
+    tiling = gemm_template.solve(kernel, 1)[0]
+    launcher = _compile(kernel, [tiling], tmp_path)
+    out = torch.empty(values.numel(), 1)
+    launcher.launch(tiling.kernel_key, [values.clone(), pack_panels(torch.ones(1, 1)), out])
+    y = values.double()
+    expected = (y * 0.5) * (torch.erf(y * 0.5 ** 0.5) + 1)
+    got = out[:, 0].double()
+    finite = expected.isfinite()
+    assert ((got[finite] - expected[finite]).abs() <= 2e-7 * y[finite].abs() + 1e-7 * expected[finite].abs()).all()
+    assert got[-3].item() == float("inf") and got[-2].isnan() and got[-1].isnan()  # as the decomposition

@@ -1,13 +1,15 @@
 """The CPU GEMM template: tilings (TopN solver) and rendering of ``kernel_ir.GemmKernel``.
 
 The kernel (``templates/cpu_gemm.cpp.j2``) is the classic register-blocked GEMM of
-BLIS/GotoBLAS: a register tile of ``mr`` rows x one weight panel (16 columns) of
+BLIS/GotoBLAS: a register tile of up to ``mr`` rows x one weight panel (16 columns) of
 accumulators, fed by one broadcast of ``a`` and one or two vector loads of the packed
-weight per k; around it, k blocks of ``kc`` (the panel's k block stays in L1 while
+weight per k; around it, k blocks of ``kc`` (the panel's k block stays in L1-L2 while
 the rows of a group reuse it) and row groups of ``mc`` rows (their k block of ``a``
-stays in L2 across the panels). Work items are (row group, panel, tile), split
-statically over ``block_dim`` OpenMP threads. The weight is packed at build time, so
-a launch only streams ``a`` and the panels.
+stays in L2 across the panels). The M rows are split into ``ceil(M / mr)`` tiles of
+balanced heights (``tile_heights``), so no short tail tile waits on the FMA latency.
+Work items are (row group, panel, tile); ``block_dim`` OpenMP threads take chunks of
+whole panels as they come free. The weight is packed at build time, so a launch only
+streams ``a`` and the panels.
 
 Knobs (the tiling): ``mr`` (6: 12 accumulator vectors + 2 weight vectors + 1 broadcast
 fill the 16 AVX2 registers; 4 leaves room), ``kc``, ``mc``, ``block_dim``.
@@ -25,14 +27,15 @@ from aotpack.render import render
 #: Bytes of one vector register the template computes in where the target has AVX (the
 #: template falls back to 16, SSE, without it).
 VECTOR_BYTES = 32
-#: Bytes of a panel's k block below which the whole K is one block. Measured here (Zen 3,
-#: 32 KiB L1d, 512 KiB L2): 32x512x2048 with kc = 512 (32 KiB) ran 6-16% faster than 256 in
-#: one interleaved comparison and within the noise of it in another; 32x2048x512 was
-#: fastest with the whole K. The block streams from L2 well; PGO has the other kc too.
-L1_BLOCK_BYTES = 64 * 1024
+#: Bytes of a panel's k block up to which the whole K is one block. Measured here (Zen 3,
+#: 32 KiB L1d, 512 KiB L2, one thread, interleaved): the whole K was fastest at every shape
+#: tried, the block streaming from L2 well: 32x2048x512 2% / 11% ahead of kc 512 / 256,
+#: 128x1024x256 2% / 3%, 512x1024x256 2% / 3%. PGO has a shorter kc too.
+WHOLE_K_BLOCK_BYTES = 128 * 1024
 #: The k block of a longer K (a 32 KiB panel block).
 LONG_K_BLOCK = 512
-#: L2 bytes a row group's k block of ``a`` may take (a quarter of a 512 KiB-1 MiB L2).
+#: L2 bytes a row group's k block of ``a`` may take (half of a 512 KiB L2; the group size
+#: mattered within 1% at 512x256x768, one group of 32 rows x 2048 ran 4.5% ahead of two).
 L2_BLOCK_BYTES = 256 * 1024
 #: Below this many flops one thread is the default (a parallel region costs ~1-2 us).
 PARALLEL_MIN_FLOPS = 2_000_000
@@ -55,14 +58,18 @@ class GemmTiling(Candidate):
 
 
 def _default_kc(kernel: GemmKernel) -> int:
-    """The whole K when a panel's K x 16 floats fit ``L1_BLOCK_BYTES``, else ``LONG_K_BLOCK``."""
-    return kernel.k if kernel.k * kernel.panel * 4 <= L1_BLOCK_BYTES else LONG_K_BLOCK
+    """The whole K when a panel's K x 16 floats fit ``WHOLE_K_BLOCK_BYTES``, else ``LONG_K_BLOCK``."""
+    return kernel.k if kernel.k * kernel.panel * 4 <= WHOLE_K_BLOCK_BYTES else LONG_K_BLOCK
 
 
 def _default_mc(kernel: GemmKernel, kc: int, mr: int) -> int:
-    """All rows when their k block fits ``L2_BLOCK_BYTES``, else the most tiles that fit."""
-    rows = max(mr, L2_BLOCK_BYTES // (kc * 4) // mr * mr)
-    return min(rows, -(-kernel.m // mr) * mr)
+    """Rows per row group, a multiple of ``mr``: the fewest groups whose k block of ``a``
+    fits ``L2_BLOCK_BYTES``, their ``ceil(M / mr)`` row tiles split evenly among them (512
+    rows at kc 256: two groups of 43 tiles, not 42 + 42 + 2)."""
+    tiles = -(-kernel.m // mr)
+    rows_that_fit = max(mr, L2_BLOCK_BYTES // (kc * 4))
+    groups = -(-kernel.m // rows_that_fit)
+    return -(-tiles // groups) * mr
 
 
 def _tiling(kernel: GemmKernel, block_dim: int, mr: int, kc: int) -> GemmTiling:
@@ -89,12 +96,28 @@ def solve(kernel: GemmKernel, device_limit: int, count: int = MAX_TOPN) -> list[
     return unique[:min(count, MAX_TOPN)]
 
 
-def estimate_us(kernel: GemmKernel, tiling: GemmTiling, gflops: float = 65.0) -> float:
+#: Rows below which a register tile is bound by the FMA latency, not the FMA ports: a row
+#: takes two FMAs per k (two vectors of the panel) and two ports x 4 cycles keep 8 FMAs in
+#: flight (Zen 3, Haswell on).
+LATENCY_BOUND_ROWS = 4
+
+
+def tile_heights(m: int, mr: int) -> list[int]:
+    """Rows of each register tile the template splits ``m`` rows into: ``ceil(m / mr)``
+    tiles whose heights differ by at most one, the taller first (the template's
+    ``kTiles``/``kRows``/``kTallTiles``)."""
+    tiles = -(-m // mr)
+    rows, tall = divmod(m, tiles)
+    return [rows + 1] * tall + [rows] * (tiles - tall)
+
+
+def estimate_us(kernel: GemmKernel, tiling: GemmTiling, gflops: float = 90.0) -> float:
     """Guess in us: flops at ``gflops`` per thread (what the template ran at on one thread
-    here, `benchmarks/gemm_template.py`: 65 GFLOPS at 32x512x2048), the register tile's
-    wasted rows counted, plus ~2 us per parallel region."""
-    tiles = math.ceil(kernel.m / tiling.mr) * tiling.mr / kernel.m
-    compute = kernel.flops * tiles / (gflops * 1e3 * tiling.block_dim)
+    here, `benchmarks/gemm_template.py` and an interleaved C++ harness: 90-99 GFLOPS at the
+    sample shapes, Zen 3 at 104 GFLOPS peak), a tile under ``LATENCY_BOUND_ROWS`` rows
+    costing as many, plus ~2 us per parallel region."""
+    rows = sum(max(h, LATENCY_BOUND_ROWS) for h in tile_heights(kernel.m, tiling.mr)) / kernel.m
+    compute = kernel.flops * rows / (gflops * 1e3 * tiling.block_dim)
     return compute + (2.0 if tiling.block_dim > 1 else 0.0)
 
 
@@ -102,7 +125,7 @@ _EPILOGUE_CPP = {
     "none": "y",
     "add": "y",  # the residual is added to y as it is read
     "relu": "ap_relu(y)",
-    "gelu": "(y * 0.5f) * (ap::erf(y * 0.70710678118654752f) + 1.0f)",
+    "gelu": "(y * 0.5f) * (gemm_erf(y * 0.70710678118654752f) + 1.0f)",  # the template's inline erf
     "tanh": "ap::tanh(y)",
     "sigmoid": "ap_sigmoid(y)",
     "swish": "y * ap_sigmoid(y)",
