@@ -9,8 +9,15 @@ extension (nanobind, pybind11): that C API is already the runtime's stable bound
 (opaque handles, status codes, a thread-local error message, no C++ types), so a
 binding over it needs no compile step, no second build against Python's headers and no
 coupling to one Python ABI. ctypes drops the GIL for each foreign call, so threads run
-concurrently up to the runtime's own per-model lock. Its cost, a few microseconds of
-argument marshalling per call, is small next to a model run.
+concurrently up to the runtime's own per-model lock.
+
+Per call (``benchmarks/call_overhead.py`` re-measures it): one export per input
+(torch's own exporter, two capsule calls that hand its DLManagedTensorVersioned over),
+one ctypes call of the run without argtypes, over pointer arrays the model keeps, and one
+capsule plus torch's importer per output. Of the Python side, bare ctypes calls are the
+smaller share (four for one input and one output, well under a microsecond each); the
+rest is torch's DLPack export/import and the interpreter, so a compiled extension would
+save little (measured before/after: x + 1 on 4x4 halved, to about eager's own dispatch).
 
 Zero copy: inputs go in as the producer's own DLPack export (``__dlpack__``), which the
 runtime adopts (it keeps the memory alive while an output views it); it uses them in place
