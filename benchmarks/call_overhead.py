@@ -13,15 +13,17 @@ first thread count).
 Three variants are timed in ``--rounds`` interleaved rounds (the order rotating each
 round), each round ``--calls`` timed calls after a fifth as many warm-up calls:
 
-* ``eager``: the module under ``torch.inference_mode()``;
+* ``eager``: the module, entering ``torch.inference_mode()`` per call (as
+  benchmarks/peers.py runs it);
 * ``aotpack``: ``model(*inputs)`` of ``aotpack.load(archive, device_limit=threads)``;
 * ``c_api``: the runtime's ``aotpack_model_run`` over tensor handles made once
   (``aotpack_tensor_new``), freeing the output handles: the native run path of
   ``aotpack-run`` plus two bare ctypes calls (~1 us), with no DLPack and no Python objects.
 
-Printed per thread count: the median over rounds of each variant's mean per-call time in
-microseconds, ``aotpack - eager`` and ``aotpack - c_api`` (the share of the Python
-binding). The machine's other load moves all three; compare within one run.
+Printed per thread count: each variant's median per-call time in microseconds over all
+its timed calls, ``aotpack - eager`` and ``aotpack - c_api`` (the share of the Python
+binding and the DLPack exchange). The machine's other load moves all three; compare
+within one run.
 
     .venv/bin/python benchmarks/call_overhead.py [--threads 1 2] [--rounds 15] [--calls 2000]
     .venv/bin/python benchmarks/call_overhead.py --model benchmarks/bench_models/layernorm_64x4096.py --calls 300
@@ -110,28 +112,32 @@ class CApiRunner:
 
 
 def interleaved(runners: dict, rounds: int, calls: int) -> dict[str, float]:
-    """Median over ``rounds`` of each runner's mean per-call time (us)."""
+    """Median per-call time (us) of each runner over ``rounds`` interleaved rounds of
+    ``calls`` timed calls (each call timed on its own, as benchmarks/peers.py does, so a
+    descheduled call moves the median little)."""
     names = list(runners)
-    means: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    clock = time.perf_counter_ns
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            run = runners[name]
+            run, times = runners[name], samples[name]
             for _ in range(max(1, calls // 5)):
                 run()
-            start = time.perf_counter_ns()
             for _ in range(calls):
+                start = clock()
                 run()
-            means[name].append((time.perf_counter_ns() - start) / calls / 1e3)
+                times.append((clock() - start) / 1e3)
             time.sleep(SETTLE_S)
-    return {name: statistics.median(values) for name, values in means.items()}
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def measure(archive: Path, model_path: Path, threads: int, rounds: int, calls: int) -> dict[str, float]:
     """Per-call us of eager, aotpack and c_api at ``threads`` threads."""
     torch.set_num_threads(threads)
     module, inputs = load_sample(model_path)
-    with aotpack.load(archive, device_limit=threads) as model, torch.inference_mode():
-        reference = module(*inputs)
+    with aotpack.load(archive, device_limit=threads) as model:
+        with torch.inference_mode():
+            reference = module(*inputs)
         for ours, theirs in zip(model(*inputs), [reference] if torch.is_tensor(reference) else reference):
             torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
         c_api = CApiRunner(model, inputs)
@@ -166,7 +172,7 @@ def main(argv=None) -> int:
         if archive is None:
             settings = Settings.from_env(topn=args.topn, device_limit=args.threads[0], cache_dir=work / "cache")
             archive = build(model_path, work / "dist", settings=settings).archive
-        print(f"{model_path.name}: per-call us, median over {args.rounds} interleaved rounds of "
+        print(f"{model_path.name}: per-call us, median of {args.rounds} interleaved rounds x "
               f"{args.calls} calls")
         print(f"{'threads':>7} {'eager':>9} {'aotpack':>9} {'c_api':>9} {'aotpack-eager':>14} {'aotpack-c_api':>14}")
         for threads in args.threads:
