@@ -62,63 +62,89 @@ std::string describe_dl_dtype(const DLDataType& dtype) {
          std::to_string(dtype.bits) + ", lanes " + std::to_string(dtype.lanes) + ")";
 }
 
-// Calls a DLManagedTensorVersioned's deleter once, unless released first.
-class InputOwner {
+// Calls the deleters of inputs[next..count) on exit: the inputs not yet adopted by a tensor,
+// so every input the caller handed over is freed exactly once whatever fails.
+class InputOwners {
  public:
-  explicit InputOwner(DLManagedTensorVersioned* managed) : managed_(managed) {}
-  InputOwner(const InputOwner&) = delete;
-  InputOwner& operator=(const InputOwner&) = delete;
-  ~InputOwner() {
-    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+  InputOwners(DLManagedTensorVersioned* const* inputs, int64_t count)
+      : inputs_(inputs), count_(count) {}
+  InputOwners(const InputOwners&) = delete;
+  InputOwners& operator=(const InputOwners&) = delete;
+  ~InputOwners() {
+    for (; next_ < count_; ++next_) {
+      DLManagedTensorVersioned* managed = inputs_[next_];
+      if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+    }
   }
-  DLManagedTensorVersioned* release() { return std::exchange(managed_, nullptr); }
+  /// The next input, now the caller's to own (or to free).
+  DLManagedTensorVersioned* take() { return inputs_[next_++]; }
 
  private:
-  DLManagedTensorVersioned* managed_;
+  DLManagedTensorVersioned* const* inputs_;
+  int64_t count_;
+  int64_t next_ = 0;
 };
+
+void call_deleter(void* context) {
+  auto* managed = static_cast<DLManagedTensorVersioned*>(context);
+  if (managed->deleter != nullptr) managed->deleter(managed);
+}
+
+// "model 'mlp' 0.1.0: input 0 ('x')": built only when a check fails, so a run pays nothing
+// for its error messages.
+std::string input_label(const aotpack::Model& model, int64_t i) {
+  const std::vector<aotpack::TensorSpec>& specs = model.inputs();
+  const std::string name =
+      i < static_cast<int64_t>(specs.size()) ? " ('" + specs[i].name + "')" : "";
+  return "model '" + model.name() + "' " + model.version() + ": input " + std::to_string(i) + name;
+}
 
 // `managed` as an at::Tensor over the same memory (no copy) that owns it: its deleter runs
 // when the last tensor using that memory is freed (an output may view an input). On error
 // the deleter runs at once. Throws naming the input.
-at::Tensor adopt_input(DLManagedTensorVersioned* managed, const std::string& label) {
-  if (managed == nullptr) fail(label + ": NULL DLManagedTensorVersioned");
-  InputOwner owner(managed);
+at::Tensor adopt_input(DLManagedTensorVersioned* managed, const aotpack::Model& model, int64_t i) {
+  auto bad = [&](const std::string& what) { fail(input_label(model, i) + ": " + what); };
+  if (managed == nullptr) bad("NULL DLManagedTensorVersioned");
+  std::unique_ptr<DLManagedTensorVersioned, void (*)(DLManagedTensorVersioned*)> owner(
+      managed, [](DLManagedTensorVersioned* m) { call_deleter(m); });
   if (managed->version.major != DLPACK_MAJOR_VERSION)
-    fail(label + ": DLPack version " + std::to_string(managed->version.major) + "." +
-         std::to_string(managed->version.minor) + " is not supported (this runtime reads " +
-         std::to_string(DLPACK_MAJOR_VERSION) + ".x)");
+    bad("DLPack version " + std::to_string(managed->version.major) + "." +
+        std::to_string(managed->version.minor) + " is not supported (this runtime reads " +
+        std::to_string(DLPACK_MAJOR_VERSION) + ".x)");
   const DLTensor& dl = managed->dl_tensor;
   if (dl.device.device_type != kDLCPU)
-    fail(label + ": expected a CPU tensor (kDLCPU), got DLPack device type " +
-         std::to_string(static_cast<int>(dl.device.device_type)));
-  if (dl.ndim < 0) fail(label + ": negative ndim " + std::to_string(dl.ndim));
-  if (dl.ndim > 0 && dl.shape == nullptr) fail(label + ": NULL shape");
+    bad("expected a CPU tensor (kDLCPU), got DLPack device type " +
+        std::to_string(static_cast<int>(dl.device.device_type)));
+  if (dl.ndim < 0) bad("negative ndim " + std::to_string(dl.ndim));
+  if (dl.ndim > 0 && dl.shape == nullptr) bad("NULL shape");
   c10::ScalarType dtype;
   try {
     dtype = at::toScalarType(dl.dtype);
   } catch (const std::exception&) {
-    fail(label + ": " + describe_dl_dtype(dl.dtype) + " has no torch dtype");
+    bad(describe_dl_dtype(dl.dtype) + " has no torch dtype");
   }
-  std::vector<int64_t> shape(dl.shape, dl.shape + dl.ndim);
-  std::vector<int64_t> strides(static_cast<size_t>(dl.ndim));
-  if (dl.strides != nullptr) {
-    strides.assign(dl.strides, dl.strides + dl.ndim);
-  } else {  // DLPack < 1.2: NULL strides mean compact row-major
+  const c10::IntArrayRef shape(dl.shape, static_cast<size_t>(dl.ndim));
+  std::vector<int64_t> row_major;  // DLPack < 1.2: NULL strides mean compact row-major
+  if (dl.strides == nullptr) {
+    row_major.resize(static_cast<size_t>(dl.ndim));
     int64_t step = 1;
     for (int64_t d = dl.ndim - 1; d >= 0; --d) {
-      strides[d] = step;
+      row_major[d] = step;
       step *= shape[d];
     }
   }
+  const c10::IntArrayRef strides = dl.strides != nullptr
+                                       ? c10::IntArrayRef(dl.strides, static_cast<size_t>(dl.ndim))
+                                       : c10::IntArrayRef(row_major);
   for (int64_t d = 0; d < dl.ndim; ++d)
-    if (strides[d] < 0) fail(label + ": negative strides are not supported; pass a copy");
+    if (strides[d] < 0) bad("negative strides are not supported; pass a copy");
   char* data = static_cast<char*>(dl.data) + dl.byte_offset;
-  at::Tensor tensor = at::from_blob(
-      data, shape, strides,
-      [managed](void*) {
-        if (managed->deleter != nullptr) managed->deleter(managed);
-      },
-      at::TensorOptions().dtype(dtype));
+  // A context and a plain function pointer, not a std::function deleter: one allocation less.
+  at::Tensor tensor = at::for_blob(data, shape)
+                          .strides(strides)
+                          .context(managed, call_deleter)
+                          .options(at::TensorOptions().dtype(dtype))
+                          .make_tensor();
   owner.release();  // the tensor's storage owns it now
   return tensor;
 }
@@ -132,31 +158,29 @@ int32_t aotpack_model_run_dlpack(aotpack_model_t* model, DLManagedTensorVersione
                                  int64_t num_outputs) {
   for (int64_t i = 0; outputs != nullptr && i < num_outputs; ++i) outputs[i] = nullptr;
   return aotpack::detail::c_api_guarded([&] {
+    if (num_inputs < 0 || (num_inputs > 0 && inputs == nullptr))
+      fail(model == nullptr ? std::string("NULL model handle")
+                            : "model '" + model->model.name() + "' " + model->model.version() +
+                                  ": bad input array");
+    // Every input is owned from here on, whatever happens next (also a wrong model handle
+    // or output count: the consumer rule of runtime.h).
+    InputOwners owners(inputs, num_inputs);
     if (model == nullptr) fail("NULL model handle");
     aotpack::Model& m = model->model;
-    const std::string prefix = "model '" + m.name() + "' " + m.version() + ": ";
-    if (num_inputs < 0 || (num_inputs > 0 && inputs == nullptr)) fail(prefix + "bad input array");
+    auto prefix = [&] { return "model '" + m.name() + "' " + m.version() + ": "; };
     const int64_t expected = static_cast<int64_t>(m.outputs().size());
     if (num_outputs != expected || (num_outputs > 0 && outputs == nullptr))
-      fail(prefix + "the model has " + std::to_string(expected) +
+      fail(prefix() + "the model has " + std::to_string(expected) +
            " output(s), the caller passed " + std::to_string(num_outputs) + " slot(s)");
-    // Every input is owned from here on, whatever happens next.
-    std::vector<std::unique_ptr<InputOwner>> owners;
-    for (int64_t i = 0; i < num_inputs; ++i)
-      owners.push_back(std::make_unique<InputOwner>(inputs[i]));
     std::vector<at::Tensor> xs;
+    xs.reserve(static_cast<size_t>(num_inputs));
     {
       c10::InferenceMode inference;  // the adopted views need no autograd metadata
-      const std::vector<aotpack::TensorSpec>& specs = m.inputs();
-      for (int64_t i = 0; i < num_inputs; ++i) {
-        const std::string name =
-            i < static_cast<int64_t>(specs.size()) ? " ('" + specs[i].name + "')" : "";
-        xs.push_back(
-            adopt_input(owners[i]->release(), prefix + "input " + std::to_string(i) + name));
-      }
+      for (int64_t i = 0; i < num_inputs; ++i) xs.push_back(adopt_input(owners.take(), m, i));
     }
     std::vector<at::Tensor> ys = m.run(xs);  // checks count, dtype and shape
     std::vector<DLManagedTensorVersioned*> exported;
+    exported.reserve(ys.size());
     try {
       for (at::Tensor& y : ys) exported.push_back(export_tensor(std::move(y)));
     } catch (...) {

@@ -256,10 +256,11 @@ void hand_out(const OpEntry& op, const torch::jit::Stack& results, AotpackTensor
 
 // ---- the host functions ----
 
-std::vector<int64_t> dims(int64_t ndim, const int64_t* values, const char* what) {
+// The caller's array, checked, without a copy (valid for the call it came with).
+c10::IntArrayRef dims(int64_t ndim, const int64_t* values, const char* what) {
   if (ndim < 0) fail(std::string("negative ndim for ") + what);
   if (ndim > 0 && values == nullptr) fail(std::string("NULL ") + what);
-  return std::vector<int64_t>(values, values + ndim);
+  return c10::IntArrayRef(values, static_cast<size_t>(ndim));
 }
 
 c10::ScalarType scalar_type(int32_t code) {
@@ -296,8 +297,8 @@ int32_t host_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t* st
                            int32_t dtype, AotpackTensor* out) {
   return guarded([&] {
     if (out == nullptr) fail("empty_strided: NULL output pointer");
-    const std::vector<int64_t> size_v = dims(ndim, sizes, "sizes");
-    const std::vector<int64_t> stride_v = dims(ndim, strides, "strides");
+    const c10::IntArrayRef size_v = dims(ndim, sizes, "sizes");
+    const c10::IntArrayRef stride_v = dims(ndim, strides, "strides");
     const c10::ScalarType type = scalar_type(dtype);
     HostPool& pool = host_pool();
     // Through the caching pool (host_pool.h) unless AOTPACK_HOST_CACHE_MB=0 turned it off;
@@ -336,8 +337,8 @@ int32_t host_check_layout(AotpackTensor t, int64_t ndim, const int64_t* sizes,
                           const int64_t* strides, int32_t dtype) {
   return guarded([&] {
     const at::Tensor& tensor = unwrap(t);
-    const std::vector<int64_t> want_sizes = dims(ndim, sizes, "sizes");
-    const std::vector<int64_t> want_strides = dims(ndim, strides, "strides");
+    const c10::IntArrayRef want_sizes = dims(ndim, sizes, "sizes");
+    const c10::IntArrayRef want_strides = dims(ndim, strides, "strides");
     bool same = tensor.scalar_type() == scalar_type(dtype) && tensor.sizes().equals(want_sizes);
     for (int64_t d = 0; same && d < ndim; ++d)
       same = want_sizes[d] == 1 || tensor.stride(d) == want_strides[d];

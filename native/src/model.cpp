@@ -186,10 +186,11 @@ at::Tensor prepare_input(const at::Tensor& t, size_t i, const TensorSpec& spec) 
 }
 
 void check_output(const at::Tensor& t, size_t i, const TensorSpec& spec) {
-  const std::string label = "output " + std::to_string(i) + " ('" + spec.name + "')";
-  if (!t.defined()) fail(label + ": model.so returned no tensor");
+  // The label is built only on failure: a run pays nothing for its error messages.
+  auto label = [&] { return "output " + std::to_string(i) + " ('" + spec.name + "')"; };
+  if (!t.defined()) fail(label() + ": model.so returned no tensor");
   if (t.scalar_type() != spec.dtype || !t.sizes().equals(spec.shape))
-    fail(label + ": model.so returned " + describe(t.scalar_type(), t.sizes().vec()) +
+    fail(label() + ": model.so returned " + describe(t.scalar_type(), t.sizes().vec()) +
          ", the manifest says " + describe(spec.dtype, spec.shape));
 }
 
@@ -269,11 +270,13 @@ std::vector<at::Tensor> Model::Impl::run(const std::vector<at::Tensor>& inputs) 
     ++(same ? stats.inputs_used : stats.inputs_copied);
   }
   std::vector<AotpackTensor> in_handles;
+  in_handles.reserve(prepared.size());
   for (const at::Tensor& t : prepared) in_handles.push_back(detail::borrow_handle(t));
   std::vector<AotpackTensor> out_handles(out_specs.size(), nullptr);
   int32_t rc = library.run(instance, in_handles.data(), static_cast<int64_t>(in_handles.size()),
                            out_handles.data(), static_cast<int64_t>(out_handles.size()));
   std::vector<at::Tensor> outputs;  // take every handle first: nothing leaks on error
+  outputs.reserve(out_handles.size());
   for (AotpackTensor h : out_handles) outputs.push_back(h ? detail::take_handle(h) : at::Tensor());
   if (rc != 0) fail("aotpack_model_run failed: " + library.error_message());
   for (size_t i = 0; i < outputs.size(); ++i) check_output(outputs[i], i, out_specs[i]);
