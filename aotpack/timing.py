@@ -20,8 +20,10 @@
 ``decide`` picks the winner over one or more ``Timing`` (input sets): the candidate
 fewest threads first, then first in the cost order (the solver's order), that no other
 candidate is *clearly faster* than — faster by ``TIE_MARGIN`` on the estimate and in at
-least ``WIN_SHARE`` of the rounds where both samples were clean. Close calls and
-contended comparisons go to the preferred candidate, so the choice is reproducible.
+least ``WIN_SHARE`` of the rounds where its own sample was clean, against the other's
+clean sample or, when that one was preempted, its time minus its run-queue wait. Close
+calls and contended comparisons go to the preferred candidate, so the choice is
+reproducible.
 
 Estimate: the ``LOW_QUANTILE`` quantile of a candidate's samples, not the mean or median.
 A candidate is deterministic work on fixed tensors; every source of noise (preemption,
@@ -120,6 +122,8 @@ class Timing:
     ``us[c][r]``: microseconds per launch of candidate ``c`` in round ``r`` (every
     candidate is timed once per round). ``clean[c][r]``: that sample was not preempted.
     ``attempts``: how many times the rounds were run (1 = no re-timing).
+    ``waited_us[c][r]``: run-queue wait per launch in that sample (us, all threads);
+    empty when unknown.
     """
 
     us: list[list[float]]
@@ -210,8 +214,8 @@ def _rounds(launcher, keys: list[str], args, fastest: dict, probe, clock, rounds
             launcher.synchronize()
             elapsed = clock() - start
             us[c][r] = elapsed / done / 1000.0
-            waited[c][r] = (probe.read() - delay) / 1000.0
-            clean[c][r] = waited[c][r] <= CLEAN_DELAY_SHARE * elapsed / 1000.0
+            waited[c][r] = (probe.read() - delay) / done / 1000.0
+            clean[c][r] = waited[c][r] <= CLEAN_DELAY_SHARE * us[c][r]
     return Timing(us, clean, 1, waited)
 
 
@@ -260,19 +264,34 @@ class Decision:
     fastest: int
 
 
+def _proven_us(t: Timing, c: int, r: int) -> float:
+    """What sample ``r`` of candidate ``c`` proves its time per launch is at least: the
+    sample when clean, else the time it was not waiting on the run queue (0 if unknown)."""
+    if t.clean[c][r]:
+        return t.us[c][r]
+    return max(t.us[c][r] - t.waited_us[c][r], 0.0) if t.waited_us else 0.0
+
+
 def clearly_faster(a: int, b: int, timings: list[Timing], estimates: list[float]) -> bool:
     """Candidate ``a`` beats ``b`` by more than ``TIE_MARGIN`` on the estimate and in at
-    least ``WIN_SHARE`` of the rounds (all sets) where both samples were clean; never
-    without such a round."""
+    least ``WIN_SHARE`` of the rounds (all sets) where ``a``'s sample was clean; never
+    without such a round.
+
+    In such a round ``a``'s sample is its time, and it must be below what ``b``'s sample
+    proves: ``b``'s time when clean, else ``b``'s time minus its run-queue wait (noise only
+    adds time, so a preempted ``b`` counts as fast as it could have been). So a clearly
+    faster candidate still wins when the other is preempted throughout (a busy machine
+    once kept ATen at 27265 us over the template's 964 us), and a preempted ``a`` never wins.
+    """
     if not estimates[a] < estimates[b] * (1.0 - TIE_MARGIN):
         return False
-    wins = both = 0
+    wins = rounds = 0
     for t in timings:
-        for ua, ub, ca, cb in zip(t.us[a], t.us[b], t.clean[a], t.clean[b]):
-            if ca and cb:
-                both += 1
-                wins += ua < ub
-    return both > 0 and wins >= WIN_SHARE * both
+        for r, (ua, ca) in enumerate(zip(t.us[a], t.clean[a])):
+            if ca:
+                rounds += 1
+                wins += ua < _proven_us(t, b, r)
+    return rounds > 0 and wins >= WIN_SHARE * rounds
 
 
 def decide(timings: list[Timing], block_dims: list[int]) -> Decision:

@@ -229,3 +229,27 @@ def test_a_preempted_sample_stops_early_and_counts_its_launches():
     assert result.us[0][0] == 20000.0 and result.clean[0][0] is False
     assert result.us[0][1:] == [10.0] * (ROUNDS - 1) and result.attempts == 1
     assert decide([result], [2, 1]).index == 0
+
+
+def test_a_clean_candidate_beats_one_preempted_in_every_round_when_the_wait_proves_it():
+    """ATen preempted in every round (27265 us a launch, 26000 of them waiting: at least
+    1265 us of work) against the template's clean 964 us: the template is clearly
+    faster; had ATen waited 26800 us (465 us of work), nothing would be proven."""
+    template = [964.0] * 10
+    aten = [27265.0] * 10
+    dirty = {(0, r) for r in range(10)}
+    proven = Timing([list(aten), list(template)], [[False] * 10, [True] * 10], 1,
+                    [[26000.0] * 10, [0.0] * 10])
+    assert decide([proven], [1, 1]).index == 1
+    unproven = Timing([list(aten), list(template)], [[False] * 10, [True] * 10], 1,
+                      [[26800.0] * 10, [0.0] * 10])
+    assert decide([unproven], [1, 1]).index == 0
+    assert decide([timing_of(aten, template, dirty=dirty)], [1, 1]).index == 0  # wait unknown
+
+
+def test_waited_time_is_recorded_per_launch():
+    """10 us launches, 5 to a 50 us sample, each waiting 4 us: 4 us per launch (40% of
+    its time, not clean) whatever the sample's launch count."""
+    result, _ = run({"a": [(10.0, 4.0)] * 500, "b": clean(10, 500)})
+    assert result.waited_us[0][0] == pytest.approx(4.0) and result.clean[0][0] is False
+    assert result.waited_us[1][0] == 0.0 and result.clean[1][0] is True
