@@ -918,14 +918,16 @@ def _row_epilogue(value, foreign) -> tuple | None:
     return outer, red.reduce_size, exprs
 
 
-def _choose_domain(value, outer: tuple, inner: int, exprs: list, access):
+def _choose_domain(value, outer: tuple, inner: int, exprs: list, access, depth: int = 0):
     """Reshape a pointwise kernel's iteration domain when that makes loads affine in j.
 
     The output is contiguous, so any row-major refinement of its shape is exact:
     * a narrow inner dimension merges with the dimensions before it while every load
       stays affine ((1M, 3) becomes one long vectorisable loop);
     * an inner dimension read as ``j // d`` and ``j % d`` (a reshape merging heads
-      back) splits into ``(N/d, d)``, so the inner loop carries no div/mod.
+      back) splits into ``(N/d, d)``, so the inner loop carries no div/mod; again while
+      the new inner dimension is still divided (up to three splits: a cat of halves read
+      with a step, ``(j % 64) % 32``, needs two).
 
     Returns:
         (outer, inner, exprs, access) of the chosen domain (the given one if no trial wins).
@@ -938,6 +940,9 @@ def _choose_domain(value, outer: tuple, inner: int, exprs: list, access):
     for trial_outer, trial_inner in trials:
         trial_exprs = _output_exprs([value], trial_outer, trial_inner)
         trial = inner_access(trial_exprs, trial_inner)
+        if trial.divisors and trial_inner < inner and depth < 2:
+            trial_outer, trial_inner, trial_exprs, trial = _choose_domain(
+                value, trial_outer, trial_inner, trial_exprs, trial, depth + 1)
         if not trial.divisors and trial.strided <= access.strided:
             return tuple(trial_outer), trial_inner, trial_exprs, trial
     return tuple(outer), inner, exprs, access

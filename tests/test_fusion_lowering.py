@@ -176,3 +176,17 @@ def test_a_view_of_a_constant_is_not_folded_into_a_copy():
     graph = lower(ep, backends.get("cpu").dtypes)
     folded = [b for b in graph.constants if b.name.startswith("_folded_")]
     assert [b.shape for b in folded] == [(6, 1)] and "table" in [b.name for b in graph.constants]
+
+
+def test_nested_divisions_of_the_inner_index_split_the_domain_twice():
+    """views_cat's pattern: halves swapped by a cat, transposed, read with step 2, then
+    heads merged back into rows of 1024: its loads read ``(j % 64) % 32`` and
+    ``(j % 64) / 32``, so j splits twice, into (16, 2, 32), and every load is affine in j."""
+    def heads(x, y):
+        a, b = x.chunk(2, dim=-1)
+        z = torch.cat([b, a * 2.0], dim=-1).transpose(0, 1).reshape(16, 512)
+        w = torch.cat([z[:, ::2] + z[:, 1::2], y], dim=1)  # [16, 512]
+        return w.view(16, 8, 64).permute(1, 0, 2).reshape(8, 1024).relu()
+    (kernel,) = _lower(heads, torch.randn(8, 16, 64), torch.randn(16, 256)).kernels
+    assert (kernel.outer_shape, kernel.inner_size) == ((8, 16, 2), 32)
+    assert kernel.access.divisors == () and "j) /" not in kernel.format() and "j) %" not in kernel.format()
