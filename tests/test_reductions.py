@@ -272,3 +272,15 @@ def test_reductions_of_a_cat_match_eager_in_every_loop_form(tmp_path, kernel_cac
     assert any("online=" in r for r in reprs) and any("col_block=" in r for r in reprs)
     assert any("split=" in r for r in reprs)
     assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_tall_float32_column_sums_add_chunks_in_double(tmp_path, kernel_cache):
+    """20001 rows (625 chunks of 32 and a tail of 1) of values around 100: the float
+    partials per chunk, added in double, stay within the sum tolerance of eager."""
+    forward = """
+        return x.sum(0), x.mean(0)
+    """
+    path = write_model(tmp_path, "tall_columns", forward, "torch.randn(20001, 67, generator=g) * 10 + 100")
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: t.col_block, most=2)
+    assert all("col_block=" in r for r in reprs)
+    assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)
