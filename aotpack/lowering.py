@@ -861,7 +861,7 @@ def _disjoint_slices(node) -> bool:
     two slices overlap (``x[:4]`` and ``x[4:]``): together they read each element once."""
     users = ops.users(node)
     shape = tuple(_meta(node).shape)
-    if not shape or any(u.target is not torch.ops.aten.slice.Tensor for u in users):
+    if not shape or any(u.target is not torch.ops.aten.slice.Tensor or u.kwargs for u in users):
         return False
     spans = []
     for user in users:
