@@ -17,11 +17,12 @@ test: runtime
 	$(PY) -m pytest -q tests
 
 # aotpack side by side with eager, AOTInductor, ONNX Runtime and OpenVINO at 1 and 2 threads;
-# regenerates docs/performance.md and docs/performance.png (benchmarks/peers.py).
+# regenerates docs/performance.md and docs/performance.png (benchmarks/peers.py). One child
+# build at a time (~11 min here): parallel builds contend, and PGO then prefers 1-thread tilings.
 bench: runtime
 	$(PY) -m pip install -q --no-build-isolation torch==2.13.0 -e '.[bench]'
 	mkdir -p build
-	$(PY) benchmarks/peers.py --topn 3 --markdown docs/performance.md --chart docs/performance.png --json build/peers.json
+	$(PY) benchmarks/peers.py --topn 3 --build-jobs 1 --markdown docs/performance.md --chart docs/performance.png --json build/peers.json
 
 # The whole hostile corpus (~600 archives made from a real build of samples/mlp.py) against
 # the runtime and `aotpack verify`: no crash, hang, leak or disagreement (tests/hostile_corpus.py).
