@@ -86,6 +86,6 @@ def find(graph: fx.Graph, constants: dict) -> Folded:
     for node in reversed(list(folded)):
         if node in free and any(user not in folded or user in kept_views for user in node.users):
             kept_views.add(node)
-    shipped = {node: value.contiguous().clone() for node, value in folded.items()
+    shipped = {node: value.clone(memory_format=torch.contiguous_format) for node, value in folded.items()
                if node not in free and any(user not in folded for user in node.users)}
     return Folded(shipped, frozenset(folded.keys() - kept_views))

@@ -50,25 +50,7 @@ from aotpack.build import build  # noqa: E402
 from aotpack.config import Settings  # noqa: E402
 from common import load_sample  # noqa: E402
 
-TRIVIAL_MODEL = '''"""x + 1 on a 4x4 float32 tensor: a model whose run is all call overhead."""
-import torch
-from torch import nn
-
-__version__ = "0.1.0"
-
-
-class AddOne(nn.Module):
-    def forward(self, x):
-        return x + 1
-
-
-def model():
-    return AddOne().eval()
-
-
-def example_inputs():
-    return (torch.randn(4, 4, generator=torch.Generator().manual_seed(0)),)
-'''
+TRIVIAL_MODEL = REPO / "tests" / "models" / "add_one.py"  # x + 1 on 4x4: all call overhead
 SETTLE_S = 0.05  # between variants: lets a variant's spinning pool threads park
 
 
@@ -164,10 +146,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="aotpack-call-overhead-") as tmp:
         work = Path(tmp)
-        model_path = args.model
-        if model_path is None:
-            model_path = work / "add_one.py"
-            model_path.write_text(TRIVIAL_MODEL)
+        model_path = args.model or TRIVIAL_MODEL
         archive = args.archive
         if archive is None:
             settings = Settings.from_env(topn=args.topn, device_limit=args.threads[0], cache_dir=work / "cache")

@@ -11,34 +11,14 @@ import torch
 import aotpack
 from aotpack import loader
 from aotpack.errors import AotpackError
+from conftest import MODELS
 
 pytestmark = pytest.mark.native
 
-ADD_ONE = '''import torch
-from torch import nn
-
-__version__ = "0.1.0"
-
-
-class AddOne(nn.Module):
-    def forward(self, x):
-        return x + 1
-
-
-def model():
-    return AddOne().eval()
-
-
-def example_inputs():
-    return (torch.randn(4, 4, generator=torch.Generator().manual_seed(0)),)
-'''
-
 
 @pytest.fixture(scope="module")
-def add_one(build_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("call-path") / "add_one.py"
-    path.write_text(ADD_ONE)
-    with aotpack.load(build_model(path).archive, device_limit=1) as model:
+def add_one(build_model):
+    with aotpack.load(build_model(MODELS / "add_one.py").archive, device_limit=1) as model:
         yield model
 
 

@@ -283,4 +283,7 @@ def test_tall_float32_column_sums_add_chunks_in_double(tmp_path, kernel_cache):
     path = write_model(tmp_path, "tall_columns", forward, "torch.randn(20001, 67, generator=g) * 10 + 100")
     reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: t.col_block, most=2)
     assert all("col_block=" in r for r in reprs)
+    for kernel in graph.distinct_kernels():  # the chunked form is what ran
+        column = next(t for t in tiling.solve(kernel, DEVICE_LIMIT) if t.col_block)
+        assert "float part_acc0[" in backends.get("cpu").render_kernel(kernel, column)
     assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)

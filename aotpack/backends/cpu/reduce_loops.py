@@ -142,7 +142,7 @@ def _column_chunks(acc: str, block: int, size: int, last: int, inner: list, valu
     """
     lines = [f"float part_{acc}[{block}];",
              f"for (int64_t jc = 0; jc < {size}; jc += {COLUMN_CHUNK}) {{",
-             "  for (int64_t c = 0; c < width; ++c) part_" + acc + "[c] = 0.0f;",
+             f"  for (int64_t c = 0; c < width; ++c) part_{acc}[c] = 0.0f;",
              f"  for (int64_t j = jc; j < ap::min_index(jc + {COLUMN_CHUNK}, {size}); ++j) {{",
              "    " + simd,
              "    for (int64_t c = 0; c < width; ++c) {",

@@ -119,17 +119,20 @@ class KernelWriter:
             if expr in block.cse:
                 return block.cse[expr]
         name = self._new_var()
-        line = f"const {ctype} {name} = {expr};"
-        reads_j = bool(set(_TOKEN.findall(expr)) & self.depends_on_j)
-        if reads_j:
-            self.depends_on_j.add(name)
-        if reads_j or self.branches:
-            self.stack[-1].lines.append(line)
-            self.stack[-1].cse[expr] = name
-        else:
-            self.row_lines.append(line)
-            self.row_block.cse[expr] = name
+        self._place(name, [f"const {ctype} {name} = {expr};"], expr).cse[expr] = name
         return name
+
+    def _place(self, name: str, lines: list[str], reads: str) -> _Block:
+        """Append the lines defining ``name`` (whose text ``reads``) where they belong: in the
+        current block when they depend on ``j`` or sit in a Piecewise branch, else once per
+        row. Returns the block whose caches may then hold ``name``."""
+        if set(_TOKEN.findall(reads)) & self.depends_on_j:
+            self.depends_on_j.add(name)
+        if name in self.depends_on_j or self.branches:
+            self.stack[-1].lines.extend(lines)
+            return self.stack[-1]
+        self.row_lines.extend(lines)
+        return self.row_block
 
     def value(self, node) -> str:
         """C++ variable (or literal) holding ``node`` at the current loop position."""
@@ -170,19 +173,15 @@ class KernelWriter:
             self.stack = saved + [branch]
             value = self.value(piece)
             condition = f"if ({node.index.render()} < {bound}) {{"
-            lines.append(condition if k == 0 else f"}} else {condition}" if k < last else "} else {")
+            if k == 0:
+                lines.append(condition)
+            else:
+                lines.append(f"}} else {condition}" if k < last else "} else {")
             lines += ["  " + line for line in branch.lines] + [f"  {name} = {value};"]
         lines.append("}")
         self.branches -= 1
         self.stack = saved
-        if set(_TOKEN.findall("\n".join(lines))) & self.depends_on_j:
-            self.depends_on_j.add(name)
-        if name in self.depends_on_j or self.branches:
-            self.stack[-1].lines.extend(lines)
-            self.stack[-1].pieces[node] = name
-        else:
-            self.row_lines.extend(lines)
-            self.row_block.pieces[node] = name
+        self._place(name, lines, "\n".join(lines)).pieces[node] = name
         return name
 
     def reduction(self, red: Reduce) -> str:
