@@ -70,6 +70,9 @@ class GemmStep:
     epilogue: str
     variants: list
     output: Buffer
+    #: constants every variant replaces (a convolution's weight, bias and batch-norm
+    #: statistics, folded into new ones): not shipped unless another step reads them
+    replaced: tuple = ()
 
     @property
     def key(self) -> str:
@@ -120,7 +123,7 @@ def resolve(graph, choices: dict):
     read = {id(b) for s in walk_steps(steps) if isinstance(s, ExternCall) for b in s.reads()}
     packed = [p for p in graph.packed if id(p.buffer) in read]
     # constants only the losing variants read (a dense weight or its template panels) are not shipped
-    offered = {id(b) for step in gemm_steps(graph) for b in step.reads()}
+    offered = {id(b) for step in gemm_steps(graph) for b in [*step.reads(), *step.replaced]}
     needed = {id(b) for s in walk_steps(steps) for b in s.reads()}
     needed |= {id(a.value[0]) for p in packed for a in p.args if a.kind == "tensor"}
     needed |= {id(parts[0]) for parts in graph.outputs}

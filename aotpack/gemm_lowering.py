@@ -14,7 +14,7 @@ import torch
 
 from aotpack.gemm import GemmStep, GemmVariant, PackedWeight
 from aotpack.ir import Buffer, ExternArg, ExternCall, KernelCall, contiguous_strides
-from aotpack.kernel_ir import GEMM_EPILOGUES, GemmKernel, pack_panels, pad_bias
+from aotpack.kernel_ir import CONV_EPILOGUES, GEMM_EPILOGUES, ConvKernel, GemmKernel, pack_panels, pad_bias
 
 mkldnn = torch.ops.mkldnn
 
@@ -54,8 +54,14 @@ def lower(lw, m):
     x = lw._read_parts(lw._operand(m.x))
     bias = lw._strided(lw._operand(m.bias)) if m.bias is not None else None
     other = lw._strided(lw._operand(m.residual)) if m.residual is not None else None
+    replaced = ()
+    if m.batch_norm is not None:
+        folded = _fold_batch_norm(lw, m, weight, bias)
+        if folded is None:
+            return lw.lower_nodes(m.nodes)
+        weight, bias, replaced = folded
     outer, lw.steps = lw.steps, []
-    result = lw.lower_nodes(m.nodes)
+    result = lw.lower_nodes(m.nodes) if m.batch_norm is None else _lower_folded_conv(lw, m, x, weight, bias)
     out_parts = lw._strided(result)
     aten_steps, lw.steps = lw.steps, outer
     out, gemm_out = out_parts[0], lw.env[m.gemm]
@@ -65,8 +71,8 @@ def lower(lw, m):
     variants = None
     if fits and m.kind == "linear":
         variants = _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps)
-    elif fits and m.kind == "conv2d" and other is None:
-        variants = _conv_variants(lw, m, x, weight, bias, out, aten_steps)
+    elif fits and m.kind == "conv2d":
+        variants = _conv_variants(lw, m, x, weight, bias, other, out, aten_steps)
     if not variants:
         lw.steps.extend(aten_steps)
         return result
@@ -74,8 +80,63 @@ def lower(lw, m):
         shape = f"{x[1][0]}x{x[1][1]}x{weight.shape[0]}"
     else:
         shape = f"{list(x[1])}*{list(weight.shape)}"
-    lw.steps.append(GemmStep(f"{m.kind}_{m.gemm.name}_{m.epilogue}", m.kind, shape, m.epilogue, variants, out))
+    lw.steps.append(GemmStep(f"{m.kind}_{m.gemm.name}_{m.epilogue}", m.kind, shape, m.epilogue, variants, out,
+                             replaced=replaced))
     return result
+
+
+def _constant_values(lw, parts: tuple | None) -> torch.Tensor | None:
+    """The build-time values of a view of a constant (None for None)."""
+    if parts is None:
+        return None
+    base, shape, strides, offset = parts
+    return torch.as_strided(lw.constant_tensors[base.name], shape, strides, offset)
+
+
+def _fold_batch_norm(lw, m, weight: Buffer, bias: tuple | None) -> tuple | None:
+    """(folded weight, folded bias view, constants they replace) of a convolution followed
+    by an eval-mode batch norm, or None when a statistic or the bias is not a constant.
+
+    ``BN(conv(x, W) + b) = conv(x, W * s) + (b - mean) * s + beta`` with
+    ``s = gamma / sqrt(var + eps)`` per output channel (the standard inference-time
+    folding), computed in float64 and stored as float32.
+    """
+    bn = m.batch_norm
+    stats = [lw.env[a] if a is not None else None for a in bn.args[1:5]]
+    if any(s is not None and not (isinstance(s, Buffer) and s.kind == "constant") for s in stats):
+        return None
+    if bias is not None and bias[0].kind != "constant":
+        return None
+    gamma, beta, mean, var = (lw.constant_tensors[s.name].double() if s is not None else None for s in stats)
+    eps = float(bn.args[6]) if len(bn.args) > 6 else 1e-5
+    scale = (var + eps).rsqrt() * (gamma if gamma is not None else 1.0)
+    dense = lw.constant_tensors[weight.name].double()
+    shift = (_constant_values(lw, bias).double() if bias is not None else torch.zeros_like(mean)) - mean
+    folded_bias = shift * scale + (beta if beta is not None else 0.0)
+    norm = stats[2].name.removesuffix(".running_mean")  # the batch norm module's name: "layer1.bn1"
+    folded = _constant(lw, f"{weight.name}.folded_{norm}",
+                       (dense * scale.view(-1, *[1] * (dense.dim() - 1))).float().contiguous())
+    new_bias = _constant(lw, f"{norm}.folded_bias", folded_bias.float().contiguous())
+    replaced = tuple(b for b in [weight, *stats, bias[0] if bias is not None else None] if b is not None)
+    return folded, _whole(new_bias), replaced
+
+
+def _lower_folded_conv(lw, m, x, weight: Buffer, bias: tuple):
+    """The ATen form of a batch-norm-folded convolution: ``aten.convolution`` on the
+    folded weight and bias, then the epilogue nodes lowered as usual."""
+    stride, padding, dilation, transposed, output_padding, groups = m.gemm.args[3:9]
+    val = m.gemm.meta["val"]
+    lw.counter += 1
+    gemm_out = Buffer(f"buf{lw.counter}", tuple(val.shape), tuple(val.stride()), val.dtype, "extern")
+    lw.steps.append(ExternCall(torch.ops.aten.convolution.default,
+                               [_tensor(x), _tensor(_whole(weight)), _tensor(bias),
+                                ExternArg("int_list", list(stride)), ExternArg("int_list", list(padding)),
+                                ExternArg("int_list", list(dilation)), ExternArg("bool", bool(transposed)),
+                                ExternArg("int_list", list(output_padding)), ExternArg("int", int(groups))],
+                               [gemm_out]))
+    lw.env[m.gemm] = gemm_out
+    lw.env[m.batch_norm] = (gemm_out, None, None)  # its getitem 0 reads the folded result
+    return lw.lower_nodes(list(m.nodes[m.nodes.index(m.batch_norm) + 1:]))
 
 
 def _packed(lw, weight: Buffer, op, extra: list) -> PackedWeight:
@@ -176,7 +237,7 @@ def _algorithm(unary: str | None) -> ExternArg:
     return ExternArg("string", "none") if unary == "gelu" else ExternArg("none", None)
 
 
-def _conv_variants(lw, m, x, weight, bias, out, aten_steps) -> list | None:
+def _conv_variants(lw, m, x, weight, bias, other, out, aten_steps) -> list | None:
     stride, padding, dilation, _transposed, output_padding, groups = m.gemm.args[3:9]
     if any(output_padding) or len(stride) != 2 or not torch.backends.mkldnn.is_available():
         return None
@@ -184,8 +245,49 @@ def _conv_variants(lw, m, x, weight, bias, out, aten_steps) -> list | None:
             ExternArg("int_list", list(dilation)), ExternArg("int", int(groups))]
     packed = _packed(lw, weight, mkldnn._reorder_convolution_weight.default,
                      [*ints, ExternArg("int_list", list(x[1]))])
-    call = ExternCall(mkldnn._convolution_pointwise.default,
-                      [_tensor(x), _tensor(_whole(packed.buffer)), _optional(bias), *ints,
-                       ExternArg("string", m.unary or "none"), ExternArg("int_list", []), _algorithm(m.unary)],
-                      [out])
-    return [GemmVariant("aten", aten_steps, []), GemmVariant("onednn", [call], [packed])]
+    w = _tensor(_whole(packed.buffer))
+    if other is not None:
+        call = ExternCall(mkldnn._convolution_pointwise.binary,
+                          [_tensor(x), _tensor(other), w, _optional(bias), *ints, ExternArg("string", "add"),
+                           ExternArg("none", None), ExternArg("string", m.unary) if m.unary else ExternArg("none", None),
+                           ExternArg("int_list", []), ExternArg("none", None)], [out])
+    else:
+        call = ExternCall(mkldnn._convolution_pointwise.default,
+                          [_tensor(x), w, _optional(bias), *ints, ExternArg("string", m.unary or "none"),
+                           ExternArg("int_list", []), _algorithm(m.unary)], [out])
+    variants = [GemmVariant("aten", aten_steps, []), GemmVariant("onednn", [call], [packed])]
+    template = _conv_template_variant(lw, m, x, weight, bias, other, out)
+    return variants + ([template] if template is not None else [])
+
+
+def _contiguous_from(parts: tuple) -> bool:
+    """``parts`` is a dense row-major block of its base (any offset)."""
+    _base, shape, strides, _offset = parts
+    return all(st == want or size == 1 for size, st, want in zip(shape, strides, contiguous_strides(shape)))
+
+
+def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+    """aotpack's own convolution (``kernel_ir.ConvKernel``, tuned like any kernel) on
+    weight panels packed now; None when it does not apply (groups, a strided input, an
+    epilogue it lacks)."""
+    stride, padding, dilation, _transposed, _output_padding, groups = m.gemm.args[3:9]
+    if groups != 1 or m.epilogue not in CONV_EPILOGUES or not _contiguous_from(x) or len(x[1]) != 4:
+        return None
+    if other is not None and (not _contiguous_from(other) or tuple(other[1]) != tuple(out.shape)):
+        return None
+    if bias is not None and bias[0].kind != "constant":
+        return None
+    dense = lw.constant_tensors[weight.name]
+    c_out = dense.shape[0]
+    panels = _constant(lw, f"{weight.name}.conv_panels", pack_panels(dense.reshape(c_out, -1)))
+    inputs = [x[0], panels]
+    if bias is not None:
+        inputs.append(_constant(lw, f"{bias[0].name}.conv_bias", pad_bias(_constant_values(lw, bias).reshape(c_out))))
+    if other is not None:
+        inputs.append(other[0])
+    kernel = ConvKernel(f"conv_{m.epilogue}_{len(lw.kernels)}", f"conv_{m.epilogue}", tuple(x[1]), c_out,
+                        tuple(dense.shape[2:]), tuple(stride), tuple(padding), tuple(dilation), tuple(inputs), (out,),
+                        epilogue=m.epilogue, has_bias=bias is not None, x_offset=x[3],
+                        residual_offset=other[3] if other is not None else 0)
+    lw.kernels.append(kernel)
+    return GemmVariant("template", [KernelCall(kernel)], [])

@@ -8,14 +8,22 @@ intermediate values:
 
 * an activation: ``relu``, ``tanh``, ``sigmoid``, GELU (erf form, as decomposed:
   ``0.5*y * (1 + erf(y*sqrt(0.5)))``) or SiLU (``y * sigmoid(y)``);
-* or (linear only) a residual ``add(y, other)`` of the same shape.
+* or a residual ``add(y, other)`` of the same shape, for a convolution optionally
+  followed by ``relu`` (ResNet's block output).
+
+A convolution may first be followed by an eval-mode batch norm with constant
+statistics: it is folded into the convolution's weight and bias at build time
+(``gemm_lowering``), so the epilogue after it still fits (conv -> BN -> ReLU is one
+convolution with a ReLU post-op).
 
 Reshapes (``view``) between the GEMM and its epilogue are allowed when they keep the
 last dimension (the GEMM's N), so the rows stay the GEMM's rows.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +43,9 @@ class GemmMatch:
     ``nodes`` are every FX node the match covers, in graph order (the GEMM first, the
     epilogue's last node last: its value is the match's result); ``unary`` is the oneDNN
     post-op name (``relu``, ``gelu``, ``tanh``, ``sigmoid``, ``swish``) or None;
-    ``residual`` the FX node added to the result, or None.
+    ``residual`` the FX node added to the result, or None (with a ``unary``, that is
+    applied after the add); ``batch_norm`` the eval-mode batch norm node folded into a
+    convolution, or None.
     """
 
     kind: str  # "linear" | "conv2d"
@@ -46,6 +56,7 @@ class GemmMatch:
     unary: str | None
     residual: object | None
     nodes: tuple
+    batch_norm: object | None = None
 
     @property
     def final(self):
@@ -54,8 +65,10 @@ class GemmMatch:
 
     @property
     def epilogue(self) -> str:
-        """What the epilogue does, as text: ``gelu``, ``add``, ``none``."""
-        return self.unary or ("add" if self.residual is not None else "none")
+        """What the epilogue does, as text: ``gelu``, ``add``, ``add_relu``, ``none``."""
+        if self.residual is not None:
+            return f"add_{self.unary}" if self.unary else "add"
+        return self.unary or "none"
 
 
 def _val(node):
@@ -130,6 +143,27 @@ def _residual(y) -> tuple | None:
     return others[0], add
 
 
+_BATCH_NORM = aten._native_batch_norm_legit_no_training.default
+
+
+def _batch_norm(y, constants: set) -> tuple | None:
+    """(batch norm node, its ``getitem`` 0) when ``y``'s only reader is an eval-mode batch
+    norm over constants (weight, bias, running mean and variance; weight and bias may be
+    None) whose only used result is the normalised value."""
+    users = _users(y)
+    if len(users) != 1 or users[0].target is not _BATCH_NORM or users[0].args[0] is not y:
+        return None
+    bn = users[0]
+    stats = bn.args[1:5]
+    if any(s is not None and (not hasattr(s, "op") or s.op != "placeholder" or s.name not in constants)
+           for s in stats) or stats[2] is None or stats[3] is None:
+        return None
+    reads = _users(bn)
+    if len(reads) != 1 or reads[0].target is not operator.getitem or reads[0].args[1] != 0 or not _is_f32(reads[0]):
+        return None
+    return bn, reads[0]
+
+
 def _linear_parts(node) -> tuple | None:
     """(x, weight, bias) of ``addmm(bias, x, W.T)`` / ``mm(x, W.T)``, else None."""
     if node.target is aten.addmm.default:
@@ -164,11 +198,13 @@ def _conv_parts(node) -> tuple | None:
     return x, weight, bias
 
 
-def match(node, constants: set) -> GemmMatch | None:
+def match(node, constants: set, residual_ok: bool = True) -> GemmMatch | None:
     """The match rooted at GEMM/conv ``node``, or None.
 
     Args:
         constants: names of the placeholders that are weights or buffers (not inputs).
+        residual_ok: whether a residual add may end the epilogue (False when another
+            match already ends at that add).
     """
     parts = _linear_parts(node)
     kind = "linear"
@@ -179,7 +215,10 @@ def match(node, constants: set) -> GemmMatch | None:
     x, weight, bias = parts
     if weight.name not in constants or not _is_f32(node, x, weight, *([bias] if bias is not None else [])):
         return None
-    tail, views = node, []
+    tail, views, folded = node, [], []
+    batch_norm = _batch_norm(node, constants) if kind == "conv2d" else None
+    if batch_norm is not None:
+        tail, folded = batch_norm[1], list(batch_norm)
     n = _val(node).shape[-1] if kind == "linear" else None
     while kind == "linear" and len(_users(tail)) == 1 and _users(tail)[0].target in _RESHAPES:
         view = _users(tail)[0]
@@ -190,24 +229,42 @@ def match(node, constants: set) -> GemmMatch | None:
     found = _activation(tail)
     unary, residual = (found[0], None) if found else (None, None)
     epilogue = found[1] if found else []
-    if found is None and kind == "linear":
+    if found is None and residual_ok:
         res = _residual(tail)
         if res is not None:
             residual, epilogue = res[0], [res[1]]
+            after = _users(res[1])
+            if kind == "conv2d" and len(after) == 1 and after[0].target is aten.relu.default:
+                unary, epilogue = "relu", [res[1], after[0]]
     if not epilogue:
         views = []
-    return GemmMatch(kind, node, x, weight, bias, unary, residual, tuple([node, *views, *epilogue]))
+    return GemmMatch(kind, node, x, weight, bias, unary, residual, tuple([node, *folded, *views, *epilogue]),
+                     batch_norm[0] if batch_norm else None)
 
 
 def find(graph, constants: set) -> dict:
-    """``final node -> GemmMatch`` for every match in ``graph`` (an ``fx.Graph``)."""
+    """``final node -> GemmMatch`` for every match in ``graph`` (an ``fx.Graph``).
+
+    Where two GEMMs end at the same residual add (``relu(bn(conv1(x)) + conv2(x))``),
+    the match covering more nodes keeps it and the other is matched without it.
+    """
     order = {node: i for i, node in enumerate(graph.nodes)}
+
+    def rooted(node, residual_ok=True):
+        m = match(node, constants, residual_ok)
+        return m and dataclasses.replace(m, nodes=tuple(sorted(m.nodes, key=order.__getitem__)))
+
     found = {}
     for node in graph.nodes:
-        if node.op == "call_function":
-            m = match(node, constants)
-            if m is not None:
-                m = GemmMatch(m.kind, m.gemm, m.x, m.weight, m.bias, m.unary, m.residual,
-                              tuple(sorted(m.nodes, key=order.__getitem__)))
-                found[m.final] = m
+        m = rooted(node) if node.op == "call_function" else None
+        if m is None:
+            continue
+        rival = found.get(m.final) if m.residual is not None else None
+        if rival is not None:
+            keep, other = (rival, m) if len(rival.nodes) >= len(m.nodes) else (m, rival)
+            found[keep.final] = keep
+            m = rooted(other.gemm, residual_ok=False)
+            if m is None:
+                continue
+        found[m.final] = m
     return found

@@ -494,6 +494,115 @@ class GemmKernel:
         return self.format()
 
 
+#: The epilogues of a convolution template (``ConvKernel``): the GEMM's, less GELU (no CNN
+#: here uses it after a conv), plus ``add_relu``, ResNet's ``relu(conv + residual)``.
+CONV_EPILOGUES = {name: text for name, text in GEMM_EPILOGUES.items() if name != "gelu"}
+CONV_EPILOGUES["add_relu"] = "relu(y + residual)"
+
+
+@dataclass(frozen=True, eq=False)
+class ConvKernel:
+    """A direct 2-D convolution template kernel, float32, NCHW, groups 1:
+    ``out[n, co, oh, ow] = epilogue(sum over ci, kh, kw of W[co, ci, kh, kw] *
+    x[n, ci, oh*sh - ph + kh*dh, ow*sw - pw + kw*dw] + bias[co])``, zero outside ``x``.
+
+    Per image it is a GEMM with M = OH*OW output positions, N = C_out and
+    K = C_in*KH*KW taps (no im2col matrix: a register tile's rows read ``x`` at each
+    position's window). ``inputs`` are ``(x base, weight panels[, bias][, residual base])``:
+
+    * ``x`` is contiguous NCHW from ``x_offset``; with padding, the kernel copies each
+      image into a zero-bordered ``[C_in, H + 2ph, W + 2pw]`` workspace first;
+    * the weight ``W`` viewed as ``[C_out, K]`` is packed at build time into GEMM panels
+      (``pack_panels``), the bias padded like a GEMM's (``pad_bias``);
+    * ``residual`` (epilogues ``add``, ``add_relu``) is contiguous like ``out``, from
+      ``residual_offset``.
+
+    ``outputs`` is the contiguous ``out[N, C_out, OH, OW]``. ``kernel_id`` hashes the
+    printed form with positional buffer names, so equal convolutions share it.
+    """
+
+    name: str
+    base_name: str
+    x_shape: tuple  # (N, C_in, H, W)
+    c_out: int
+    kernel_size: tuple  # (KH, KW)
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    inputs: tuple
+    outputs: tuple
+    epilogue: str = "none"
+    has_bias: bool = False
+    x_offset: int = 0
+    residual_offset: int = 0
+    panel: int = GEMM_PANEL
+
+    @property
+    def out_hw(self) -> tuple:
+        """(OH, OW): ``(H + 2p - d*(k - 1) - 1) // s + 1`` per dimension (as torch's conv2d)."""
+        return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, p, d, k, s in
+                     zip(self.x_shape[2:], self.padding, self.dilation, self.kernel_size, self.stride))
+
+    @property
+    def m(self) -> int:
+        """Output positions per image, OH*OW (the GEMM's M)."""
+        return math.prod(self.out_hw)
+
+    @property
+    def n(self) -> int:
+        """Output channels (the GEMM's N)."""
+        return self.c_out
+
+    @property
+    def k(self) -> int:
+        """Taps per output, C_in*KH*KW (the GEMM's K)."""
+        return self.x_shape[1] * math.prod(self.kernel_size)
+
+    @property
+    def panels(self) -> int:
+        """Panels of the packed weight, ``ceil(c_out / panel)``."""
+        return -(-self.c_out // self.panel)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted twice: ``2 * N * M * C_out * K``."""
+        return 2 * self.x_shape[0] * self.m * self.n * self.k
+
+    @property
+    def padded_bytes(self) -> int:
+        """Bytes of one zero-bordered image (the workspace), 0 without padding."""
+        if not any(self.padding):
+            return 0
+        (ph, pw), (_n, c, h, w) = self.padding, self.x_shape
+        return c * (h + 2 * ph) * (w + 2 * pw) * 4
+
+    @property
+    def kernel_id(self) -> str:
+        """sha256 (24 hex digits) of the printed kernel, buffer names positional."""
+        return hashlib.sha256(self.format(with_name=False).encode()).hexdigest()[:24]
+
+    def format(self, with_name: bool = True) -> str:
+        """The kernel as text: the convolution, its operands' layouts and its epilogue."""
+        head = f"conv2d {self.name}" if with_name else "conv2d"
+        n, c, h, w = self.x_shape
+        oh, ow = self.out_hw
+        lines = [f"{head} [n<{n}, m<{self.m}, n_out<{self.n}, k<{self.k}] kernel {list(self.kernel_size)} "
+                 f"stride {list(self.stride)} padding {list(self.padding)} dilation {list(self.dilation)}",
+                 f"  in0: float32 x[{n}, {c}, {h}, {w}] contiguous at {self.x_offset}",
+                 f"  in1: float32 weight panels [{self.panels}, {self.k}, {self.panel}]"]
+        if self.has_bias:
+            lines.append(f"  in2: float32 bias [{self.panels * self.panel}]")
+        if self.epilogue in ("add", "add_relu"):
+            lines.append(f"  in{len(self.inputs) - 1}: float32 residual[{n}, {self.n}, {oh}, {ow}] contiguous "
+                         f"at {self.residual_offset}")
+        y = "conv(x, weight)" + (" + bias" if self.has_bias else "")
+        lines.append(f"  out0: float32[{n}, {self.n}, {oh}, {ow}] = {CONV_EPILOGUES[self.epilogue]} where y = {y}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
 def pack_panels(weight: torch.Tensor, panel: int = GEMM_PANEL) -> torch.Tensor:
     """``weight[N, K]`` as GEMM panels ``[ceil(N / panel), K, panel]`` (``GemmKernel``), contiguous."""
     n, k = weight.shape

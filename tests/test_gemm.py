@@ -63,15 +63,15 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
     # winners are called typed (unboxed), their handles resolved once at load (host ABI 1.1)
     for g in rotated.manifest["gemms"]:
         if g["kind"] == "conv2d":
-            op = {"aten": "aten::convolution", "onednn": "mkldnn::_convolution_pointwise"}[g["winner"]]
+            op = {"aten": "aten::convolution", "onednn": "mkldnn::_convolution_pointwise", "template": None}[g["winner"]]
         else:
             binary = "binary" if g["epilogue"] == "add" else ""
             op = {"aten": "aten::addmm", "mkl": "mkl::_mkl_linear", "template": None,
                   "onednn": f'mkldnn::_linear_pointwise", "{binary}'}[g["winner"]]
         if g["name"] == "linear_mm_none" and g["winner"] == "aten":
             op = "aten::mm"
-        if g["winner"] == "template":  # aotpack's own GEMM: a kernel launch, no ATen op
-            assert f"// gemm_{g['epilogue']}_" in source, g
+        if g["winner"] == "template":  # aotpack's own GEMM/convolution: a kernel launch, no ATen op
+            assert f"// {'conv' if g['kind'] == 'conv2d' else 'gemm'}_{g['epilogue']}_" in source, g
             continue
         assert f'find_typed("{op}"' in source, (g, op)
     assert "call_typed(m.typed[" in source and "call_op(" not in source.split("void run(")[1]
@@ -93,4 +93,5 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
     stored = set(safetensors.torch.load(files["weights/weights.safetensors"]))
     for g, module in zip(gemms, ["fc_relu", "fc_gelu", "fc_tanh", "fc_silu", "fc_res", "fc_t", "fc_row", "conv"]):
         own = g["winner"] == "template"
-        assert (f"{module}.weight" in stored, f"{module}.weight.gemm_panels" in stored) == (not own, own), g
+        panels = f"{module}.weight.{'conv' if g['kind'] == 'conv2d' else 'gemm'}_panels"
+        assert (f"{module}.weight" in stored, panels in stored) == (not own, own), g

@@ -1,0 +1,143 @@
+"""The CPU direct-convolution template: tilings (TopN solver) and rendering of
+``kernel_ir.ConvKernel``.
+
+The kernel (``templates/cpu_conv.cpp.j2``) is the GEMM template's register tile applied
+to a convolution without an im2col matrix: per image, M = OH*OW output positions,
+N = C_out, K = C_in*KH*KW. A tile of up to ``mr`` positions keeps one pointer per
+position to its window in the input, so a tap's element is one broadcast at a constant
+offset (stride and dilation cost nothing); the weight panel supplies 16 channels per
+tap. Padding is done once per image by copying it into a zero-bordered ``workspace``.
+Work items are (group of tiles, panel, tile): a group's input rows stay in L2 while
+every panel passes over them. A long K (deep layers: 512 channels x 9 taps) is cut
+into k blocks of ``kc`` input channels so a panel's block stays in L1 across the
+group's tiles, as in the GEMM template; the partial sums of the earlier blocks wait
+in the workspace, position-major so they load as vectors.
+
+Knobs (the tiling): ``mr``, ``mc`` (positions per group), ``kc``, ``block_dim``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aotpack.backends.base import Candidate
+from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, LATENCY_BOUND_ROWS, LONG_K_BLOCK,
+                                                PARALLEL_MIN_FLOPS, VECTOR_BYTES, WHOLE_K_BLOCK_BYTES,
+                                                tile_heights)
+from aotpack.config import MAX_TOPN
+from aotpack.kernel_ir import CONV_EPILOGUES, ConvKernel
+from aotpack.render import render
+
+
+@dataclass(frozen=True)
+class ConvTiling(Candidate):
+    """Knobs of one convolution template static kernel (see the module docstring).
+    ``workspace``: the padded image (``ConvKernel.padded_bytes``, rounded up to 64) and,
+    with more than one k block, the partial sums (``M x panels*16`` floats)."""
+
+    block_dim: int
+    mr: int
+    mc: int
+    kc: int
+    workspace: int = 0
+
+    @property
+    def tiling_repr(self) -> str:
+        """``tiling_repr``: every knob, canonical."""
+        return f"cpu_conv;block_dim={self.block_dim};mr={self.mr};mc={self.mc};kc={self.kc}"
+
+
+def _group_positions(kernel: ConvKernel, mr: int) -> int:
+    """Positions per group, a multiple of ``mr``: the fewest groups whose input rows
+    (``C_in`` planes x the rows their windows span) fit ``L2_BLOCK_BYTES``, the tiles
+    split evenly among them."""
+    c_in, w = kernel.x_shape[1], kernel.x_shape[3]
+    oh, kh, sh, pw, dh = (kernel.out_hw[0], kernel.kernel_size[0], kernel.stride[0], kernel.padding[1],
+                          kernel.dilation[0])
+    row_bytes = c_in * (w + 2 * pw) * 4
+    window_rows = (kh - 1) * dh + 1
+    input_rows_that_fit = max(window_rows + sh, L2_BLOCK_BYTES // row_bytes)
+    out_rows = max(1, (input_rows_that_fit - window_rows) // sh + 1)
+    tiles = -(-kernel.m // mr)
+    groups = -(-oh // min(oh, out_rows))
+    return -(-tiles // groups) * mr
+
+
+def padded_region(kernel: ConvKernel) -> int:
+    """Bytes the padded image takes at the workspace's start (64-byte aligned)."""
+    return -(-kernel.padded_bytes // 64) * 64
+
+
+def partial_bytes(kernel: ConvKernel, kc: int) -> int:
+    """Bytes of the partial sums: none with one k block."""
+    return 0 if kc >= kernel.x_shape[1] else kernel.m * kernel.panels * kernel.panel * 4
+
+
+def _default_kc(kernel: ConvKernel) -> int:
+    """Input channels per k block: all of them while a panel's K x 16 floats fit
+    ``WHOLE_K_BLOCK_BYTES`` (as the GEMM template), else ``LONG_K_BLOCK`` taps' worth."""
+    c_in, taps = kernel.x_shape[1], kernel.k // kernel.x_shape[1]
+    if kernel.k * kernel.panel * 4 <= WHOLE_K_BLOCK_BYTES:
+        return c_in
+    return max(1, LONG_K_BLOCK // taps)
+
+
+def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | None = None) -> ConvTiling:
+    """The tiling with these knobs, ``mc`` by default from ``_group_positions`` and the
+    workspace it needs (``kc`` capped at C_in)."""
+    kc = min(kc, kernel.x_shape[1])
+    return ConvTiling(block_dim=block_dim, mr=mr, mc=mc or _group_positions(kernel, mr), kc=kc,
+                      workspace=padded_region(kernel) + partial_bytes(kernel, kc))
+
+
+def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN) -> list[ConvTiling]:
+    """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
+
+    The default: ``mr`` 6, groups from ``_group_positions``, k blocks from
+    ``_default_kc``, all ``device_limit`` threads unless the convolution is under
+    ``PARALLEL_MIN_FLOPS``. Then one knob at a time: the other thread count, ``mr`` 4,
+    the whole K or blocks of half as many channels, one group of every tile.
+    """
+    threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
+    c_in = kernel.x_shape[1]
+    kc = _default_kc(kernel)
+    options = [make_tiling(kernel, threads, 6, kc)]
+    if device_limit > 1:
+        options.append(make_tiling(kernel, device_limit if threads == 1 else 1, 6, kc))
+    options.append(make_tiling(kernel, threads, 4, kc))
+    other_kc = c_in if kc < c_in else (c_in // 2 if kernel.k >= 256 else 0)
+    if other_kc:
+        options.append(make_tiling(kernel, threads, 6, other_kc))
+    options.append(make_tiling(kernel, threads, 6, kc, -(-kernel.m // 6) * 6))
+    unique = list(dict.fromkeys(options))
+    return unique[:min(count, MAX_TOPN)]
+
+
+def estimate_us(kernel: ConvKernel, tiling: ConvTiling, gflops: float = 80.0) -> float:
+    """Guess in us: flops at ``gflops`` per thread (a little under the GEMM template's 90,
+    for the window reads), tiles under ``LATENCY_BOUND_ROWS`` positions costing as many,
+    plus ~2 us per parallel region and the padded copy at ~10 GB/s."""
+    rows = sum(max(h, LATENCY_BOUND_ROWS) for h in tile_heights(kernel.m, tiling.mr)) / kernel.m
+    compute = kernel.flops * rows / (gflops * 1e3 * tiling.block_dim)
+    copy = kernel.x_shape[0] * kernel.padded_bytes / 10e3
+    return compute + copy + (2.0 if tiling.block_dim > 1 else 0.0)
+
+
+_CONV_EPILOGUE_CPP = {**{name: expr for name, expr in _EPILOGUE_CPP.items() if name in CONV_EPILOGUES},
+                      "add_relu": "ap_relu(y)"}
+
+
+def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
+    """C++ source of ``kernel`` compiled with ``tiling``."""
+    (n, c_in, h, w), (oh, ow) = kernel.x_shape, kernel.out_hw
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
+    return render("cpu_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w, oh=oh, ow=ow,
+                  kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, m=kernel.m, n=kernel.n, k=kernel.k,
+                  panel=kernel.panel, panels=kernel.panels, vector_bytes=VECTOR_BYTES, mr=tiling.mr,
+                  mc=tiling.mc, kc=tiling.kc, block_dim=tiling.block_dim, workspace=tiling.workspace,
+                  padded_bytes=padded_region(kernel), partial_bytes=partial_bytes(kernel, tiling.kc),
+                  x_offset=kernel.x_offset, has_bias=kernel.has_bias,
+                  has_residual=kernel.epilogue in ("add", "add_relu"), residual_offset=kernel.residual_offset,
+                  epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue],
+                  epilogue_text=f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv(x, W)"
+                                f"{' + bias' if kernel.has_bias else ''}",
+                  optional_helpers=[])

@@ -1,0 +1,213 @@
+"""aotpack's direct-convolution template (``kernel_ir.ConvKernel``,
+``backends/cpu/conv_template``) and batch-norm folding (``gemm_match``/``gemm_lowering``):
+the tilings offered, every tiling of odd-shaped convolutions with each epilogue, strides,
+padding and dilation, compiled and launched against torch (float32:
+|ours - torch| <= 1e-5 + 1e-4 * |torch|), and a CNN block built end to end."""
+from __future__ import annotations
+
+import pytest
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+
+from aotpack import autotune, gemm_cache, gemm_match, layout, reader
+from aotpack.backends.cpu import conv_template
+from aotpack.backends.cpu.conv_template import ConvTiling
+from aotpack.build import build
+from aotpack.config import Settings
+from aotpack.export import export_model, load_model_file
+from aotpack.ir import Buffer, contiguous_strides
+from aotpack.kernel_ir import GEMM_PANEL, ConvKernel, pack_panels, pad_bias
+from conftest import MODELS, assert_native_parity, fixed_timing
+from test_gemm_template import _compile
+
+BLOCK = MODELS / "conv_bn_block.py"
+ATOL, RTOL = 1e-5, 1e-4
+
+EPILOGUES = {
+    "none": lambda y, r: y,
+    "relu": lambda y, r: F.relu(y),
+    "tanh": lambda y, r: torch.tanh(y),
+    "sigmoid": lambda y, r: torch.sigmoid(y),
+    "swish": lambda y, r: F.silu(y),
+    "add": lambda y, r: y + r,
+    "add_relu": lambda y, r: F.relu(y + r),
+}
+
+
+def _buffer(name: str, shape: tuple) -> Buffer:
+    return Buffer(name, shape, contiguous_strides(shape), torch.float32, "input")
+
+
+def _kernel(x_shape, c_out, kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), epilogue="none",
+            bias=True, x_offset=0, residual_offset=0) -> ConvKernel:
+    n, c_in = x_shape[:2]
+    panels = -(-c_out // GEMM_PANEL)
+    probe = ConvKernel("probe", "probe", tuple(x_shape), c_out, kernel, stride, padding, dilation, (), ())
+    out_shape = (n, c_out, *probe.out_hw)
+    inputs = [_buffer("x", (x_offset + probe.x_shape[0] * c_in * x_shape[2] * x_shape[3],)),
+              _buffer("w", (panels, probe.k, GEMM_PANEL))]
+    if bias:
+        inputs.append(_buffer("bias", (panels * GEMM_PANEL,)))
+    if epilogue in ("add", "add_relu"):
+        inputs.append(_buffer("residual", (residual_offset + n * c_out * probe.m,)))
+    return ConvKernel(f"conv_{epilogue}_0", f"conv_{epilogue}", tuple(x_shape), c_out, kernel, stride, padding,
+                      dilation, tuple(inputs), (_buffer("out", out_shape),), epilogue=epilogue, has_bias=bias,
+                      x_offset=x_offset, residual_offset=residual_offset)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("shape", [((1, 3, 224, 224), (7, 7), (2, 2), (3, 3), (1, 1)),
+                                   ((2, 5, 9, 8), (5, 5), (1, 1), (2, 2), (2, 2)),
+                                   ((1, 1, 6, 15), (3, 1), (1, 2), (1, 0), (1, 1))])
+def test_output_size_is_torchs(shape):
+    x_shape, kernel, stride, padding, dilation = shape
+    conv = _kernel(x_shape, 4, kernel, stride, padding, dilation)
+    expected = F.conv2d(torch.zeros(x_shape), torch.zeros(4, x_shape[1], *kernel), None, stride, padding, dilation)
+    assert (conv.x_shape[0], conv.c_out, *conv.out_hw) == tuple(expected.shape)
+    assert conv.k == x_shape[1] * kernel[0] * kernel[1] and conv.m == expected.shape[2] * expected.shape[3]
+
+
+@pytest.mark.unit
+def test_tilings_default_first_unique_with_their_workspace():
+    deep = _kernel((1, 512, 7, 7), 512)  # K = 4608: a panel is 288 KiB, so k blocks of 56 channels
+    options = conv_template.solve(deep, 2)
+    assert options[0] == ConvTiling(block_dim=2, mr=6, mc=54, kc=56, workspace=512 * 9 * 9 * 4 + 49 * 512 * 4)
+    assert options[0].tiling_repr == "cpu_conv;block_dim=2;mr=6;mc=54;kc=56"
+    assert len(set(options)) == len(options) and all(o.block_dim <= 2 and o.mc % o.mr == 0 for o in options)
+    assert {o.kc for o in options} == {56, 512} and {o.mr for o in options} == {4, 6}
+    whole = [o for o in options if o.kc == 512]
+    assert [o.workspace for o in whole] == [512 * 9 * 9 * 4]  # one k block: no partial sums
+    unpadded = conv_template.solve(_kernel((1, 8, 5, 5), 16, (1, 1), padding=(0, 0)), 4)
+    assert unpadded[0].workspace == 0 and unpadded[0].block_dim == 1  # 6400 flops: one thread
+    assert conv_template.solve(deep, 2, count=2) == options[:2]
+
+
+@pytest.mark.unit
+def test_groups_keep_their_input_rows_within_half_the_l2():
+    conv = _kernel((1, 64, 56, 56), 64)  # a padded input row of all channels: 64 * 58 * 4 bytes
+    tiling = conv_template.solve(conv, 1)[0]
+    rows_per_group = tiling.mc // 56 + 3  # output rows of a group + the window's other rows
+    assert rows_per_group * 64 * 58 * 4 <= 256 * 1024 + 2 * 64 * 58 * 4
+    assert tiling.mc % 6 == 0 and tiling.mc < conv.m
+
+
+@pytest.mark.unit
+def test_kernel_id_hashes_the_convolution_not_its_name():
+    base = _kernel((1, 8, 9, 9), 16)
+    assert base.kernel_id == ConvKernel(**{**base.__dict__, "name": "other"}).kernel_id
+    ids = {base.kernel_id, _kernel((1, 8, 9, 9), 16, epilogue="relu").kernel_id,
+           _kernel((1, 8, 9, 9), 16, stride=(2, 2)).kernel_id, _kernel((1, 8, 9, 9), 16, bias=False).kernel_id,
+           _kernel((1, 8, 9, 9), 16, x_offset=3).kernel_id}
+    assert len(ids) == 5
+    assert str(base).splitlines()[0] == ("conv2d conv_none_0 [n<1, m<81, n_out<16, k<72] kernel [3, 3] "
+                                         "stride [1, 1] padding [1, 1] dilation [1, 1]")
+
+
+CASES = [  # x shape, C_out, kernel, stride, padding, dilation, epilogue, bias, x offset, residual offset
+    ((2, 3, 13, 11), 5, (3, 3), (1, 1), (1, 1), (1, 1), "relu", True, 3, 0),
+    ((1, 8, 7, 9), 17, (1, 1), (2, 2), (0, 0), (1, 1), "none", False, 0, 0),
+    ((1, 16, 10, 10), 33, (3, 3), (2, 2), (1, 1), (1, 1), "add_relu", True, 0, 2),
+    ((2, 5, 9, 8), 16, (5, 5), (1, 1), (2, 2), (2, 2), "sigmoid", True, 0, 0),
+    ((2, 1, 6, 15), 7, (3, 1), (1, 2), (1, 0), (1, 1), "add", True, 1, 1),
+    ((1, 40, 5, 5), 20, (3, 3), (1, 1), (1, 1), (1, 1), "tanh", True, 0, 0),
+    ((1, 3, 20, 20), 8, (7, 7), (2, 2), (3, 3), (1, 1), "swish", False, 0, 0),
+]
+
+
+def _tilings(kernel: ConvKernel) -> list[ConvTiling]:
+    """The solver's, plus k blocks of 3 and 2 channels (partial sums through the
+    workspace, a short last block) and one-tile groups of 5- and 1-position tiles."""
+    extra = [conv_template.make_tiling(kernel, 2, 6, 3, 6), conv_template.make_tiling(kernel, 1, 5, 64, 10),
+             conv_template.make_tiling(kernel, 2, 1, 2, 1)]
+    return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}-k{c[2][0]}{c[2][1]}-{c[6]}")
+def test_every_tiling_matches_torch(case, tmp_path):
+    x_shape, c_out, kernel_size, stride, padding, dilation, epilogue, has_bias, x_offset, r_offset = case
+    kernel = _kernel(x_shape, c_out, kernel_size, stride, padding, dilation, epilogue, has_bias, x_offset, r_offset)
+    generator = torch.Generator().manual_seed(c_out * 100 + x_shape[1])
+    x_store = torch.randn(kernel.inputs[0].shape, generator=generator)
+    x = x_store[x_offset:].view(x_shape)
+    weight = torch.randn(c_out, x_shape[1], *kernel_size, generator=generator)
+    bias = torch.randn(c_out, generator=generator) if has_bias else None
+    tensors = [x_store, pack_panels(weight.reshape(c_out, -1))] + ([pad_bias(bias)] if has_bias else [])
+    y = F.conv2d(x, weight, bias, stride, padding, dilation)
+    residual = None
+    if epilogue in ("add", "add_relu"):
+        r_store = torch.randn(kernel.inputs[-1].shape, generator=generator)
+        residual = r_store[r_offset:].view(y.shape)
+        tensors.append(r_store)
+    expected = EPILOGUES[epilogue](y, residual)
+    tilings = _tilings(kernel)
+    launcher = _compile(kernel, tilings, tmp_path)
+    for tiling in tilings:
+        out = torch.full(expected.shape, float("nan"))
+        launcher.launch(tiling.kernel_key, tensors + [out])
+        torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
+
+
+@pytest.mark.unit
+def test_batch_norm_and_the_shared_residual_are_matched_once():
+    program = export_model(load_model_file(BLOCK))
+    constants = {s.arg.name for s in program.graph_signature.input_specs if s.kind.name != "USER_INPUT"}
+    found = gemm_match.find(program.graph, constants)
+    summary = sorted((m.weight.name, m.batch_norm is not None, m.epilogue) for m in found.values())
+    # conv2 (with its batch norm) keeps the add shared with the downsample, which is matched alone
+    assert summary == [("p_conv1_weight", True, "relu"), ("p_conv2_weight", True, "add_relu"),
+                       ("p_dilated_weight", False, "sigmoid"), ("p_down_weight", False, "none"),
+                       ("p_stem_weight", True, "relu")]
+
+
+def _last_variant_wins(functions):
+    """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
+    for fn in functions:
+        fn()
+    return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
+
+
+def _first_variant_wins(functions):
+    for fn in functions:
+        fn()
+    return fixed_timing([1.0] + [2.0] * (len(functions) - 1))
+
+
+def _build(tmp_path, cache_dir, timing):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autotune, "time_functions", timing)
+        patch.setattr(gemm_cache, "read_all", lambda *args: {})
+        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        return build(BLOCK, tmp_path, settings=Settings.from_env(topn=2, cache_dir=cache_dir))
+
+
+@pytest.mark.native
+def test_template_block_folds_batch_norm_and_ships_panels_only(tmp_path, cache_dir):
+    result = _build(tmp_path, cache_dir, _last_variant_wins)
+    gemms = result.manifest["gemms"]
+    assert [(g["epilogue"], g["winner"]) for g in gemms] == [
+        ("relu", "template"), ("relu", "template"), ("none", "template"), ("add_relu", "template"),
+        ("sigmoid", "template")]
+    assert all(g["candidates"] == ["aten", "onednn", "template"] for g in gemms)
+    stored = safetensors.torch.load(reader.read_all(result.archive)[layout.WEIGHTS_PATH])
+    # neither the dense weights nor the batch norms' statistics: the folded weights' panels
+    assert sorted((name, tuple(t.shape)) for name, t in stored.items()) == [
+        ("bn1.folded_bias.conv_bias", (32,)), ("bn2.folded_bias.conv_bias", (32,)),
+        ("conv1.weight.folded_bn1.conv_panels", (2, 72, 16)), ("conv2.weight.folded_bn2.conv_panels", (2, 180, 16)),
+        ("dilated.bias.conv_bias", (16,)), ("dilated.weight.conv_panels", (1, 180, 16)),
+        ("down.weight.conv_panels", (2, 8, 16)), ("stem.weight.folded_stem_bn.conv_panels", (1, 147, 16)),
+        ("stem_bn.folded_bias.conv_bias", (16,))]
+    assert_native_parity(result.archive, BLOCK, tmp_path, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.native
+def test_aten_block_runs_the_folded_convolutions(tmp_path, cache_dir):
+    result = _build(tmp_path, cache_dir, _first_variant_wins)
+    assert {g["winner"] for g in result.manifest["gemms"]} == {"aten"}
+    stored = safetensors.torch.load(reader.read_all(result.archive)[layout.WEIGHTS_PATH])
+    assert sorted((name, tuple(t.shape)) for name, t in stored.items()) == [  # folded, dense for ATen
+        ("bn1.folded_bias", (20,)), ("bn2.folded_bias", (20,)), ("conv1.weight.folded_bn1", (20, 8, 3, 3)),
+        ("conv2.weight.folded_bn2", (20, 20, 3, 3)), ("dilated.bias", (5,)), ("dilated.weight", (5, 20, 3, 3)),
+        ("down.weight", (20, 8, 1, 1)), ("stem.weight.folded_stem_bn", (8, 3, 7, 7)), ("stem_bn.folded_bias", (8,))]
+    assert_native_parity(result.archive, BLOCK, tmp_path, atol=ATOL, rtol=RTOL)
