@@ -104,16 +104,29 @@ def test_multi_thread_candidate_wins_when_clearly_faster_in_its_clean_rounds():
 
 
 def test_preempted_multi_thread_candidate_is_re_timed_then_flagged_contended_and_loses():
-    """Every sample of the 2-thread candidate was preempted, even ones that look fast: no
-    round compares it cleanly, so the 1-thread candidate keeps the choice."""
-    dirty = [(60.0, 30.0)] * ROUNDS  # waited 50% of its wall time
+    """Every sample of the 2-thread candidate was preempted and none is below the
+    1-thread candidate's clean time: no round judges it, so the 1-thread one keeps the
+    choice."""
+    dirty = [(120.0, 90.0)] * ROUNDS  # waited 75% of its wall time
     pauses = []
     result, launcher = run({"one": clean(100), "two": dirty}, pauses)
     assert result.attempts == timing.MAX_ATTEMPTS and result.rounds == timing.MAX_ATTEMPTS * ROUNDS
     assert pauses == list(timing.RETRY_PAUSE_S)
     assert result.contended_candidates() == [1] and result.contended
     decision = decide([result], [1, 2])
-    assert (decision.index, decision.fastest, decision.contended) == (0, 1, True)
+    assert (decision.index, decision.contended) == (0, True)
+
+
+def test_a_candidate_preempted_throughout_wins_where_even_its_inflated_time_is_faster():
+    """A 12.6 ms template against 55 ms of ATen, both preempted in every round (load 6 on
+    2 cores): preemption only adds time, so the template's samples prove it faster. Were
+    the template's samples above ATen's proven time, nothing would judge it."""
+    template, aten = [12600.0] * 10, [55000.0] * 10
+    dirty = [[False] * 10, [False] * 10]
+    proven = Timing([list(aten), list(template)], dirty, 1, [[30000.0] * 10, [6000.0] * 10])
+    assert decide([proven], [1, 1]).index == 1  # 12600 < 55000 - 30000
+    unproven = Timing([list(aten), list(template)], dirty, 1, [[50000.0] * 10, [6000.0] * 10])
+    assert decide([unproven], [1, 1]).index == 0  # 12600 > 5000: ATen may be faster
 
 
 def test_re_timing_stops_when_the_noise_clears():
@@ -165,13 +178,13 @@ def test_an_advantage_not_clear_across_rounds_keeps_the_single_thread_candidate(
     assert decide([timing_of(one, two)], [1, 2]).index == 1
 
 
-def test_dirty_rounds_do_not_count_as_wins():
-    one, two = [100.0] * 10, [80.0] * 10
-    dirty = {(1, r) for r in range(10)} - {(1, 0)}
-    assert decide([timing_of(one, two, dirty=dirty)], [1, 2]).index == 1  # one clean round, won
-    dirty.add((0, 0))
+def test_dirty_rounds_above_the_other_do_not_count_against_a_candidate():
+    one, two = [100.0] * 10, [80.0] * 3 + [120.0] * 7  # preempted: 120, no evidence either way
+    dirty = {(1, r) for r in range(3, 10)}
+    assert decide([timing_of(one, two, dirty=dirty)], [1, 2]).index == 1  # three clean rounds, won
+    dirty |= {(0, 0), (0, 1), (0, 2)}  # and "one" preempted where "two" was clean
     decision = decide([timing_of(one, two, dirty=dirty)], [1, 2])
-    assert (decision.index, decision.contended) == (0, True)  # no round where both were clean
+    assert (decision.index, decision.contended) == (0, True)  # no round judges "two"
 
 
 def test_decision_averages_input_sets_and_counts_their_rounds_together():
