@@ -72,14 +72,18 @@ def test_output_size_is_torchs(shape):
 def test_tilings_default_first_unique_with_their_workspace():
     deep = _kernel((1, 512, 7, 7), 512)  # K = 4608: a panel is 288 KiB, so k blocks of 56 channels
     options = conv_template.solve(deep, 2)
-    assert options[0] == ConvTiling(block_dim=2, mr=6, mc=54, kc=56, workspace=512 * 9 * 9 * 4 + 49 * 512 * 4)
-    assert options[0].tiling_repr == "cpu_conv;block_dim=2;mr=6;mc=54;kc=56"
+    image, partials = 512 * 9 * 9 * 4, 49 * 512 * 4
+    assert options[:2] == [ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nchw", workspace=image + partials),
+                           ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nhwc", workspace=image + partials)]
+    assert options[0].tiling_repr == "cpu_conv;block_dim=2;mr=6;mc=54;kc=56;layout=nchw"
     assert len(set(options)) == len(options) and all(o.block_dim <= 2 and o.mc % o.mr == 0 for o in options)
     assert {o.kc for o in options} == {56, 512} and {o.mr for o in options} == {4, 6}
     whole = [o for o in options if o.kc == 512]
-    assert [o.workspace for o in whole] == [512 * 9 * 9 * 4]  # one k block: no partial sums
-    unpadded = conv_template.solve(_kernel((1, 8, 5, 5), 16, (1, 1), padding=(0, 0)), 4)
-    assert unpadded[0].workspace == 0 and unpadded[0].block_dim == 1  # 6400 flops: one thread
+    assert [o.workspace for o in whole] == [image]  # one k block: no partial sums
+    pointwise = _kernel((1, 8, 5, 5), 16, (1, 1), padding=(0, 0))
+    unpadded = conv_template.solve(pointwise, 4)
+    assert unpadded[0].block_dim == 1 and unpadded[0].workspace == 0  # 6400 flops: one thread, x read in place
+    assert unpadded[1].layout == "nhwc" and unpadded[1].workspace == 832  # the channels-last copy: 800 bytes, 64-aligned
     assert conv_template.solve(deep, 2, count=2) == options[:2]
 
 
@@ -117,9 +121,10 @@ CASES = [  # x shape, C_out, kernel, stride, padding, dilation, epilogue, bias, 
 
 def _tilings(kernel: ConvKernel) -> list[ConvTiling]:
     """The solver's, plus k blocks of 3 and 2 channels (partial sums through the
-    workspace, a short last block) and one-tile groups of 5- and 1-position tiles."""
+    workspace, a short last block), one-tile groups of 5- and 1-position tiles, and the
+    channels-last copy with k blocks on 2 threads."""
     extra = [conv_template.make_tiling(kernel, 2, 6, 3, 6), conv_template.make_tiling(kernel, 1, 5, 64, 10),
-             conv_template.make_tiling(kernel, 2, 1, 2, 1)]
+             conv_template.make_tiling(kernel, 2, 1, 2, 1), conv_template.make_tiling(kernel, 2, 4, 3, 8, "nhwc")]
     return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra))
 
 

@@ -13,7 +13,12 @@ into k blocks of ``kc`` input channels so a panel's block stays in L1 across the
 group's tiles, as in the GEMM template; the partial sums of the earlier blocks wait
 in the workspace, position-major so they load as vectors.
 
-Knobs (the tiling): ``mr``, ``mc`` (positions per group), ``kc``, ``block_dim``.
+``layout`` ``nhwc`` copies each image channels-last instead (with the padding, even
+where there is none): a tile's row then reads consecutive floats over the channels of
+a tap, not one float per channel plane (a page apart in a 56x56 layer); the copy costs
+a pass over the input, which a 1x1 convolution with little K may not repay.
+
+Knobs (the tiling): ``mr``, ``mc`` (positions per group), ``kc``, ``layout``, ``block_dim``.
 """
 from __future__ import annotations
 
@@ -31,19 +36,25 @@ from aotpack.render import render
 @dataclass(frozen=True)
 class ConvTiling(Candidate):
     """Knobs of one convolution template static kernel (see the module docstring).
-    ``workspace``: the padded image (``ConvKernel.padded_bytes``, rounded up to 64) and,
-    with more than one k block, the partial sums (``M x panels*16`` floats)."""
+    ``workspace``: the image copy (``image_region``) and, with more than one k block, the
+    partial sums (``M x panels*16`` floats)."""
 
     block_dim: int
     mr: int
     mc: int
     kc: int
+    layout: str = "nchw"
     workspace: int = 0
 
     @property
     def tiling_repr(self) -> str:
         """``tiling_repr``: every knob, canonical."""
-        return f"cpu_conv;block_dim={self.block_dim};mr={self.mr};mc={self.mc};kc={self.kc}"
+        return (f"cpu_conv;block_dim={self.block_dim};mr={self.mr};mc={self.mc};kc={self.kc};"
+                f"layout={self.layout}")
+
+    def copies(self, kernel: ConvKernel) -> bool:
+        """Whether a launch copies the image first (padding, or the channels-last layout)."""
+        return self.layout == "nhwc" or kernel.padded_bytes > 0
 
 
 def _group_positions(kernel: ConvKernel, mr: int) -> int:
@@ -62,9 +73,13 @@ def _group_positions(kernel: ConvKernel, mr: int) -> int:
     return -(-tiles // groups) * mr
 
 
-def padded_region(kernel: ConvKernel) -> int:
-    """Bytes the padded image takes at the workspace's start (64-byte aligned)."""
-    return -(-kernel.padded_bytes // 64) * 64
+def image_region(kernel: ConvKernel, layout: str) -> int:
+    """Bytes the image copy takes at the workspace's start (64-byte aligned): the padded
+    image, in either layout; none for ``nchw`` without padding (read in place)."""
+    (ph, pw), (c, h, w) = kernel.padding, kernel.x_shape[1:]
+    if layout == "nchw" and not (ph or pw):
+        return 0
+    return -(-(c * (h + 2 * ph) * (w + 2 * pw) * 4) // 64) * 64
 
 
 def partial_bytes(kernel: ConvKernel, kc: int) -> int:
@@ -81,12 +96,13 @@ def _default_kc(kernel: ConvKernel) -> int:
     return max(1, LONG_K_BLOCK // taps)
 
 
-def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | None = None) -> ConvTiling:
+def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | None = None,
+                layout: str = "nchw") -> ConvTiling:
     """The tiling with these knobs, ``mc`` by default from ``_group_positions`` and the
     workspace it needs (``kc`` capped at C_in)."""
     kc = min(kc, kernel.x_shape[1])
-    return ConvTiling(block_dim=block_dim, mr=mr, mc=mc or _group_positions(kernel, mr), kc=kc,
-                      workspace=padded_region(kernel) + partial_bytes(kernel, kc))
+    return ConvTiling(block_dim=block_dim, mr=mr, mc=mc or _group_positions(kernel, mr), kc=kc, layout=layout,
+                      workspace=image_region(kernel, layout) + partial_bytes(kernel, kc))
 
 
 def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN) -> list[ConvTiling]:
@@ -100,7 +116,7 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN) -> list[
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     c_in = kernel.x_shape[1]
     kc = _default_kc(kernel)
-    options = [make_tiling(kernel, threads, 6, kc)]
+    options = [make_tiling(kernel, threads, 6, kc), make_tiling(kernel, threads, 6, kc, layout="nhwc")]
     if device_limit > 1:
         options.append(make_tiling(kernel, device_limit if threads == 1 else 1, 6, kc))
     options.append(make_tiling(kernel, threads, 4, kc))
@@ -118,7 +134,7 @@ def estimate_us(kernel: ConvKernel, tiling: ConvTiling, gflops: float = 80.0) ->
     plus ~2 us per parallel region and the padded copy at ~10 GB/s."""
     rows = sum(max(h, LATENCY_BOUND_ROWS) for h in tile_heights(kernel.m, tiling.mr)) / kernel.m
     compute = kernel.flops * rows / (gflops * 1e3 * tiling.block_dim)
-    copy = kernel.x_shape[0] * kernel.padded_bytes / 10e3
+    copy = kernel.x_shape[0] * image_region(kernel, tiling.layout) / 10e3
     return compute + copy + (2.0 if tiling.block_dim > 1 else 0.0)
 
 
@@ -134,7 +150,8 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
                   kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, m=kernel.m, n=kernel.n, k=kernel.k,
                   panel=kernel.panel, panels=kernel.panels, vector_bytes=VECTOR_BYTES, mr=tiling.mr,
                   mc=tiling.mc, kc=tiling.kc, block_dim=tiling.block_dim, workspace=tiling.workspace,
-                  padded_bytes=padded_region(kernel), partial_bytes=partial_bytes(kernel, tiling.kc),
+                  padded_bytes=image_region(kernel, tiling.layout), partial_bytes=partial_bytes(kernel, tiling.kc),
+                  nhwc=tiling.layout == "nhwc", copy=tiling.copies(kernel),
                   x_offset=kernel.x_offset, has_bias=kernel.has_bias,
                   has_residual=kernel.epilogue in ("add", "add_relu"), residual_offset=kernel.residual_offset,
                   epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue],
