@@ -173,6 +173,13 @@ def _last_variant_wins(functions):
     return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
 
 
+def _onednn_wins(functions):
+    """The second variant (oneDNN for every convolution) is fastest."""
+    for fn in functions:
+        fn()
+    return fixed_timing([2.0, 1.0] + [2.0] * (len(functions) - 2))
+
+
 def _first_variant_wins(functions):
     for fn in functions:
         fn()
@@ -215,4 +222,14 @@ def test_aten_block_runs_the_folded_convolutions(tmp_path, cache_dir):
         ("bn1.folded_bias", (20,)), ("bn2.folded_bias", (20,)), ("conv1.weight.folded_bn1", (20, 8, 3, 3)),
         ("conv2.weight.folded_bn2", (20, 20, 3, 3)), ("dilated.bias", (5,)), ("dilated.weight", (5, 20, 3, 3)),
         ("down.weight", (20, 8, 1, 1)), ("stem.weight.folded_stem_bn", (8, 3, 7, 7)), ("stem_bn.folded_bias", (8,))]
+    assert_native_parity(result.archive, BLOCK, tmp_path, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.native
+def test_onednn_block_fuses_the_folded_bias_residual_and_relu_as_post_ops(tmp_path, cache_dir):
+    result = _build(tmp_path, cache_dir, _onednn_wins)
+    assert {g["winner"] for g in result.manifest["gemms"]} == {"onednn"}
+    source = reader.read_all(result.archive)[layout.MODEL_SOURCE_PATH].decode()
+    assert source.count('"mkldnn::_convolution_pointwise", "binary"') == 1  # the residual add + ReLU
+    assert not result.manifest["kernels"]  # no epilogue kernel: every epilogue is a post-op
     assert_native_parity(result.archive, BLOCK, tmp_path, atol=ATOL, rtol=RTOL)
