@@ -188,8 +188,15 @@ def test_attention_bmms_become_steps_with_aten_and_template():
         ("6x17x8x17", ["aten", "template"]), ("6x17x17x8", ["aten", "template"]),
         ("1x5x17x3", ["aten", "template"])]
     kernels = [s.variants[1].steps[0].kernel for s in steps]
-    assert [k.batch_shape for k in kernels] == [(2, 3), (2, 3), (1,)]
+    assert [k.batch_shape for k in kernels] == [(2, 3), (2, 3), (1,)]  # q, k, v: batch x heads of qkv
     assert all(isinstance(k, BmmKernel) for k in kernels)
+    qkv = kernels[0].inputs[0]
+    assert kernels[0].inputs == (qkv,) and kernels[1].inputs[1] is qkv  # read in place, no copies
+    assert (kernels[0].a_offset, kernels[0].a_strides) == (0, (17 * 72, 8, 72, 1))
+    assert (kernels[0].b_offset, kernels[0].b_strides) == (24, (17 * 72, 8, 1, 72))  # k^T: along K
+    assert (kernels[1].b_offset, kernels[1].b_strides) == (48, (17 * 72, 8, 72, 1))  # v: in place
+    # ATen gets q, k^T, v copied, inside its own variant (the template's build drops them)
+    assert [type(s).__name__ for s in steps[0].variants[0].steps] == ["KernelCall", "KernelCall", "ExternCall"]
 
 
 @pytest.mark.native
@@ -218,4 +225,7 @@ def test_transformer_block_with_the_template_matches_eager_natively(tmp_path, ca
                        settings=Settings.from_env(topn=1, cache_dir=cache_dir))
     bmms = [g for g in result.manifest["gemms"] if g["kind"] == "bmm"]
     assert [(g["shape"], g["winner"]) for g in bmms] == [("16x128x64x128", "template"), ("16x128x128x64", "template")]
+    # q, k^T and v are read in place as batch x heads views: only the context's copy (proj's input) is left
+    copies = [k["name"] for k in result.manifest["kernels"] if k["name"].startswith("fused_clone")]
+    assert copies == ["fused_clone_9"]
     assert_native_parity(result.archive, SAMPLES / "transformer_block.py", tmp_path, atol=1e-4, rtol=1e-4)
