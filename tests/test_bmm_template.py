@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from aotpack import autotune, backends, gemm_cache, lowering
+from aotpack import autotune, backends, gemm_cache, lowering, report
 from aotpack.backends.cpu import bmm_template
 from aotpack.backends.cpu.bmm_template import BmmTiling
 from aotpack.backends.cpu.launcher import CpuLauncher
@@ -212,6 +212,11 @@ def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cach
                for g in bmms)
     names = [k["name"] for k in result.manifest["kernels"]]
     assert sum(1 for name in names if name.startswith("bmm_")) == 3
+    rows = [r for r in report.build_report(result.manifest, None)["gemms"] if r["kind"] == "bmm"]  # inspect's table
+    assert [(r["gemm"], r["shape"], r["winner"], r["candidates"]) for r in rows] == [
+        ("bmm_bmm", "6x17x8x17", "template", "aten=2.0us template=1.0us"),
+        ("bmm_bmm_1", "6x17x17x8", "template", "aten=2.0us template=1.0us"),
+        ("bmm_mm", "1x5x17x3", "template", "aten=2.0us template=1.0us")]
     assert_native_parity(result.archive, ATTENTION, tmp_path, atol=ATOL, rtol=1e-4)
 
 
