@@ -40,10 +40,10 @@ def applies(node) -> bool:
 
 
 def _head_read(value) -> tuple | None:
-    """(base, (batch // d, d, M, K) strides..., offset) of a lazy ``[batch, M, K]`` value that
-    reads one buffer at ``(i0 / d) * s0 + (i0 % d) * s1 + i1 * s2 + i2 * s3 + offset``: batch x
-    heads of a transposed projection, which no single batch stride describes (ATen needs it
-    copied). Returned as ``(base, batch_shape, strides, offset)``; None for any other value."""
+    """``(base, (batch // d, d), (s0, s1, s2, s3), offset)`` of a lazy ``[batch, M, K]`` value
+    that reads one buffer at ``(i0 / d) * s0 + (i0 % d) * s1 + i1 * s2 + i2 * s3 + offset``:
+    batch x heads of a transposed projection, which no single batch stride describes (ATen
+    needs it copied); None for any other value."""
     if not isinstance(value, Lazy) or value.realized is not None or value.reduces or len(value.shape) != 3:
         return None
     shape = tuple(value.shape)
@@ -108,7 +108,9 @@ def lower(lw, node):
     heads = {}
     for position, arg in enumerate(node.args):
         value = lw._operand(arg)
-        head = _head_read(value) if affine_read(value) is None and ops.users(arg) == [node] else None
+        # the ATen variant's copy must be the value's only storage: no other node reads it
+        alone = ops.users(arg) == [node] and sum(1 for v in lw.env.values() if v is value) == 1
+        head = _head_read(value) if alone and affine_read(value) is None else None
         if head is None:
             lw._read_parts(value)
         else:
