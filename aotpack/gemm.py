@@ -1,5 +1,7 @@
-"""Tunable GEMM/convolution steps: several implementations of one linear or conv2d,
-timed by PGO like a kernel's candidates, the winner baked into the model.
+"""Tunable GEMM/convolution steps: several implementations of one linear, conv2d or
+batched GEMM of two runtime operands (``bmm_lowering``: ``aten`` vs aotpack's
+``kernel_ir.BmmKernel``), timed by PGO like a kernel's candidates, the winner baked into
+the model.
 
 A ``GemmStep`` computes one ``GemmMatch`` (``gemm_match``: the GEMM and its epilogue)
 into one output buffer. Each ``GemmVariant`` is a list of ordinary steps writing that
@@ -58,10 +60,10 @@ class GemmVariant:
 
 @dataclass(eq=False)
 class GemmStep:
-    """A linear/conv2d with its epilogue, implemented by one of ``variants`` (0 = ATen).
+    """A linear/conv2d with its epilogue, or a bmm, implemented by one of ``variants`` (0 = ATen).
 
     ``key`` names the step in the tuning choices (``gemm:<name>``); ``shape`` describes
-    it (``MxKxN`` for a linear, ``NCHW->KCRS`` for a conv).
+    it (``MxKxN`` for a linear, ``NCHW->KCRS`` for a conv, ``BxMxKxN`` for a bmm).
     """
 
     name: str

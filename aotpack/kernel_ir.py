@@ -573,7 +573,7 @@ class ConvKernel:
         """Bytes of one zero-bordered image (the workspace), 0 without padding."""
         if not any(self.padding):
             return 0
-        (ph, pw), (_n, c, h, w) = self.padding, self.x_shape
+        (ph, pw), (c, h, w) = self.padding, self.x_shape[1:]
         return c * (h + 2 * ph) * (w + 2 * pw) * 4
 
     @property
@@ -618,3 +618,74 @@ def pad_bias(bias: torch.Tensor, panel: int = GEMM_PANEL) -> torch.Tensor:
     padded = torch.zeros(-(-n // panel) * panel, dtype=bias.dtype)
     padded[:n] = bias
     return padded
+
+
+# ----------------------------------------------------------------------------- batched GEMM kernel
+
+
+@dataclass(frozen=True, eq=False)
+class BmmKernel:
+    """A batched GEMM of two runtime operands: ``out[b, m, n] = sum_k a[b, m, k] * b[b, k, n]``,
+    float32 (``aten.bmm``/``mm`` of attention: ``q @ k^T``, ``weights @ v``).
+
+    Both operands are strided views read in place, every stride a compile-time constant:
+    ``a`` at ``a_offset + (batch index . a_strides[:-2]) + m * a_strides[-2] + k * a_strides[-1]``
+    and ``b`` likewise with ``b_strides`` (``k``, then ``n``). ``batch_shape`` holds the batch
+    dimensions (one, or two where the view's batch does not collapse, e.g. batch x heads of a
+    transposed projection); its product is the batch size. ``inputs`` are the operands' base
+    buffers, once each: ``b_input`` is the index of ``b``'s (0 where ``a`` and ``b`` share one, as
+    ``q`` and ``k`` slices of one qkv projection do). ``outputs`` is the contiguous ``out``
+    ``[batch, M, N]`` (any shape of those elements: a 2-D ``mm`` result too). ``kernel_id`` hashes
+    the printed form with positional buffer names, so equal attention layers share it.
+    """
+
+    name: str
+    base_name: str
+    batch_shape: tuple
+    m: int
+    n: int
+    k: int
+    inputs: tuple
+    outputs: tuple
+    a_offset: int
+    a_strides: tuple
+    b_offset: int
+    b_strides: tuple
+    b_input: int = 1
+    panel: int = GEMM_PANEL
+
+    @property
+    def batch(self) -> int:
+        """Batch size, ``prod(batch_shape)``."""
+        return math.prod(self.batch_shape)
+
+    @property
+    def panels(self) -> int:
+        """Panels of 16 columns of ``b`` per batch, ``ceil(n / panel)``."""
+        return -(-self.n // self.panel)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted twice: ``2 * batch * M * N * K``."""
+        return 2 * self.batch * self.m * self.n * self.k
+
+    @property
+    def kernel_id(self) -> str:
+        """sha256 (24 hex digits) of the printed kernel, buffer names positional."""
+        return hashlib.sha256(self.format(with_name=False).encode()).hexdigest()[:24]
+
+    def format(self, with_name: bool = True) -> str:
+        """The kernel as text: the batched GEMM and its operands' layouts."""
+        head = f"bmm {self.name}" if with_name else "bmm"
+        batch = ", ".join(f"b{d}<{s}" for d, s in enumerate(self.batch_shape))
+        lines = [f"{head} [{batch}, m<{self.m}, n<{self.n}, k<{self.k}]"]
+        for name, index, offset, strides, inner in (("a", 0, self.a_offset, self.a_strides, "m, k"),
+                                                    ("b", self.b_input, self.b_offset, self.b_strides, "k, n")):
+            terms = [f"b{d}*{s}" for d, s in enumerate(strides[:-2])]
+            terms += [f"{v}*{s}" for v, s in zip(inner.split(", "), strides[-2:])]
+            lines.append(f"  in{index}: float32 {name}[b, {inner}] at {offset} + {' + '.join(terms)}")
+        lines.append(f"  out0: float32[{self.batch}, {self.m}, {self.n}] = a @ b")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()

@@ -20,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import constant_folding, extern, gemm_lowering, gemm_match, ops, views
+from aotpack import bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
@@ -229,6 +229,8 @@ class Lowerer:
             return None
         if node in self.gemms:
             return gemm_lowering.lower(self, self.gemms[node])
+        if bmm_lowering.applies(node):
+            return bmm_lowering.lower(self, node)
         return self._call_op(node)
 
     def lower_nodes(self, nodes) -> Any:

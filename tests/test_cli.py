@@ -198,6 +198,12 @@ def test_inspect_tables_kernels_and_extern_calls(build_model):
     rest = lines[start + 7:]
     if any(k["timing_contended"] for k in manifest["kernels"]):  # a busy machine: one line says so
         assert rest.pop(0).startswith("  timing contended for ")
+    # the untaken branch's x @ w is a bmm step, unvisited: its ATen variant runs
+    (gemm,) = manifest["gemms"]
+    assert rest[0] == "  1 GEMM/conv step (implementations timed by PGO):"
+    assert rest[1].split() == list(report.GEMM_COLUMNS)
+    assert rest[2].split() == [gemm["name"], "bmm", gemm["shape"], "none", "aten", "aten", "template", "no"]
+    rest = rest[3:]
     assert rest[:3] == ["  1 extern call of 1 ATen op (not fused):",
                                            "    op               count", "    aten.mm.default  1"]
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from aotpack import backends
+from aotpack import backends, gemm
 from aotpack.export import decomposition_table
 from aotpack.lowering import lower
 
@@ -110,7 +110,7 @@ def test_input_free_masks_and_positions_are_folded_into_constants():
         positions = torch.arange(x.shape[-1]) * 2 + 1
         mask = torch.full((x.shape[-1], x.shape[-1]), float("-inf")).triu(1)
         return x @ torch.zeros(5, 5) + mask + positions
-    graph = _lower(masked, torch.randn(5, 5))
+    graph = gemm.resolve(_lower(masked, torch.randn(5, 5)), {})  # x @ zeros as its ATen variant
     folded = [b.name for b in graph.constants if b.name.startswith("_folded_")]
     assert _externs(graph) == ["aten.mm.default"] and len(graph.kernels) == 1
     assert len(folded) == 3  # the zeros, the mask and the positions, each read by the kernel
@@ -143,7 +143,11 @@ def test_a_plain_copy_read_by_an_aten_call_is_passed_as_a_view():
     index, so bmm gets that strided view of ``a`` and no copy kernel runs; a graph
     output that is such a copy still gets its own buffer (outputs never alias inputs)."""
     a, b = torch.randn(2, 5, 3), torch.randn(2, 5, 4)
-    graph = _lower(lambda a, b: torch.bmm(a.transpose(1, 2).contiguous(), b), a, b)
+    lowered = _lower(lambda a, b: torch.bmm(a.transpose(1, 2).contiguous(), b), a, b)
+    (step,) = gemm.gemm_steps(lowered)
+    template = step.variants[1].steps[0].kernel  # the bmm template reads the same view
+    assert (template.a_offset, template.a_strides) == (0, (15, 1, 3))
+    graph = gemm.resolve(lowered, {})  # the ATen variant
     (call,) = graph.extern_calls()
     assert graph.kernels == [] and call.args[0].value[1:] == ((2, 3, 5), (15, 1, 3), 0)
     copied = _lower(lambda a: a.transpose(1, 2).contiguous(), a)
