@@ -16,7 +16,6 @@ fill the 16 AVX2 registers; 4 leaves room), ``kc``, ``mc``, ``block_dim``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
