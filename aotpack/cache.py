@@ -101,17 +101,33 @@ class BinaryStore:
             compile_fn(stored.with_name("source.cpp"), stored)
             record(stored)
             compiled = True
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = output.with_name(f".{output.name}.{leftovers.tag()}.link")
-        tmp.unlink(missing_ok=True)
+        _link(stored, output)
+        record(output)
+        write_atomic(source_file, source)
+        return compiled
+
+
+def _link(stored: Path, output: Path) -> None:
+    """Make ``output`` a hard link of ``stored`` (a copy across file systems), atomically.
+
+    An ``output`` that already is a link of ``stored`` (a build killed before it wrote the
+    source beside it) is left as it is: rename() of one file's two links onto each other
+    does nothing and would leave the temp link behind.
+    """
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        if os.path.samefile(stored, output):
+            return
+    tmp = output.with_name(f".{output.name}.{leftovers.tag()}.link")
+    tmp.unlink(missing_ok=True)
+    try:
         try:
             os.link(stored, tmp)
         except OSError:  # another file system: copy
             shutil.copyfile(stored, tmp)
         os.replace(tmp, output)
-        record(output)
-        write_atomic(source_file, source)
-        return compiled
+    finally:
+        tmp.unlink(missing_ok=True)  # still there after an error or a no-op rename
 
 
 def _file_digest(path: Path) -> tuple[str, int]:

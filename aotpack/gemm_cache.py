@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from aotpack import leftovers
 from aotpack.cache import digest, write_atomic
 from aotpack.gemm import gemm_steps
 from aotpack.ir import ExternCall, KernelCall
@@ -60,7 +61,9 @@ def read_all(root: Path, graph, device_limit: int) -> dict:
 
 
 def write_all(root: Path, graph, choices: dict, device_limit: int) -> None:
-    """Record every timed step's winner and timings (atomic writes)."""
+    """Record every timed step's winner and timings (atomic writes); removes the temp files
+    of killed builds from ``root``."""
+    leftovers.remove_dead(root)
     for step in gemm_steps(graph):
         choice = choices.get(step.key)
         if choice is None or choice.cached or not choice.timings_us:

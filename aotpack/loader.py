@@ -1,4 +1,4 @@
-"""``aotpack.load``: run an archive inside this Python process, tensors crossing by DLPack.
+"""``aotpack.load``: run an archive inside this Python process, tensors crossing without copies.
 
     model = aotpack.load("dist/mlp-0.1.0.aotpack")
     (y,) = model(x)        # torch tensors or numpy arrays in, a list of torch tensors out
@@ -11,20 +11,25 @@ binding over it needs no compile step, no second build against Python's headers 
 coupling to one Python ABI. ctypes drops the GIL for each foreign call, so threads run
 concurrently up to the runtime's own per-model lock.
 
-Per call (``benchmarks/call_overhead.py`` re-measures it): one export per input
-(torch's own exporter, two capsule calls that hand its DLManagedTensorVersioned over),
-one ctypes call of the run without argtypes, over pointer arrays the model keeps, and one
-capsule plus torch's importer per output. Of the Python side, bare ctypes calls are the
-smaller share (four for one input and one output, well under a microsecond each); the
-rest is torch's DLPack export/import and the interpreter, so a compiled extension would
-save little (measured before/after: x + 1 on 4x4 halved, to about eager's own dispatch).
+Per call (``benchmarks/call_overhead.py`` re-measures it): when every input is exactly a
+CPU ``torch.Tensor``, its own c10::TensorImpl goes in (``Tensor._cdata``, one attribute
+read; ``aotpack_model_run_torch``: the runtime shares this process's libtorch, so it
+uses the caller's tensor itself, no DLPack export); anything else (numpy arrays,
+subclasses, autograd or conjugate tensors, which the runtime refuses before running)
+goes by DLPack: one export per input (torch's own exporter, two capsule calls that hand
+its DLManagedTensorVersioned over). Then one ctypes call of the run without argtypes,
+over pointer arrays the model keeps, and one capsule plus torch's importer per output.
+The DLPack export and take of an input cost ~4 us from Python, and more after a kernel
+that has evicted the interpreter's caches (views_cat: two inputs, ~33 us above the C
+API's own run by DLPack, ~10 us by TensorImpl, measured interleaved at 1 thread).
 
-Zero copy: inputs go in as the producer's own DLPack export (``__dlpack__``), which the
-runtime adopts (it keeps the memory alive while an output views it); it uses them in place
-when dtype, shape and strides match the manifest and copies only other strides. Outputs
-come back as DLPack tensors that share the runtime's memory (``torch.from_dlpack``); they
-stay valid after the model is closed. As in eager PyTorch, an output that the model
-returns as a view of an input or of a weight shares that memory.
+Zero copy: inputs go in as the caller's own tensor or the producer's own DLPack export
+(``__dlpack__``), which the runtime adopts; either way it keeps the memory alive while an
+output views it, and it uses inputs in place when dtype, shape and strides match the
+manifest and copies only other strides. Outputs come back as DLPack tensors that share
+the runtime's memory (``torch.from_dlpack``); they stay valid after the model is closed.
+As in eager PyTorch, an output that the model returns as a view of an input or of a
+weight shares that memory.
 """
 from __future__ import annotations
 
@@ -80,7 +85,14 @@ _to_dlpack_versioned = getattr(torch._C, "_to_dlpack_versioned", None)
 #: capsule from an object with ``__dlpack__`` (~0.5 us saved per output); private, so only
 #: used when present.
 _from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.from_dlpack
+#: Whether ``Tensor._cdata`` (the tensor's c10::TensorImpl* as an int; private, so the fast
+#: path is only taken when present) is there: what ``aotpack_model_run_torch`` takes,
+#: ~0.2 us per input against ~4 us for a DLPack export and its take.
+_HAS_CDATA = hasattr(torch.Tensor, "_cdata")
 _STRIDED = torch.strided
+_TENSOR = torch.Tensor
+#: aotpack_model_run_torch: an input is not a plain dense CPU tensor; pass them by DLPack.
+_NOT_PLAIN = 2
 
 
 def _fast_capsule(value):
@@ -93,6 +105,18 @@ def _fast_capsule(value):
             or value.requires_grad or value.layout is not _STRIDED or value.is_conj()):
         return None
     return _to_dlpack_versioned(value)
+
+
+def _impl_handles(tensors) -> list[int] | None:
+    """The TensorImpl address of every input when all are exactly ``torch.Tensor`` (no
+    subclass), else None (the DLPack path). The runtime checks the rest (device, layout,
+    conjugate bit, autograd) and refuses with ``_NOT_PLAIN`` before running."""
+    handles = []
+    for value in tensors:
+        if type(value) is not _TENSOR:
+            return None
+        handles.append(value._cdata)
+    return handles
 
 
 def _take(capsule) -> int:
@@ -132,6 +156,7 @@ def _library() -> ctypes.CDLL:
                 "aotpack_model_free": (None, [p]),
                 "aotpack_model_manifest_json": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
                 "aotpack_model_run_dlpack": (i32, [p, ctypes.POINTER(p), i64, ctypes.POINTER(p), i64]),
+                "aotpack_model_run_torch": (i32, [p, ctypes.POINTER(p), i64, ctypes.POINTER(p), i64]),
                 "aotpack_model_stats": (i32, [p, ctypes.POINTER(_RunStats)]),
                 "aotpack_dlpack_live_tensors": (i64, []),
             }
@@ -207,6 +232,10 @@ class Model:
         # handle, pointer arrays, int64 counts), so no per-argument conversion is needed.
         self._run_dlpack = self._lib["aotpack_model_run_dlpack"]
         self._run_dlpack.restype = ctypes.c_int32
+        #: The fast path for plain torch tensors (``_impl_handles``); None: DLPack only.
+        self._run_torch = self._lib["aotpack_model_run_torch"] if _HAS_CDATA else None
+        if self._run_torch is not None:
+            self._run_torch.restype = ctypes.c_int32
         text = ctypes.c_char_p()
         if self._lib.aotpack_model_manifest_json(handle, ctypes.byref(text)):
             message = _last_error(self._lib)
@@ -279,11 +308,8 @@ class Model:
                 closed model, or a failure inside the model; one line naming the model
                 and the input.
         """
-        capsules = []
-        for index, value in enumerate(tensors):
-            capsule = _fast_capsule(value)  # plain CPU tensors: no further checks needed
-            capsules.append(self._export(index, value) if capsule is None else capsule)
-        num_inputs = len(capsules)
+        impls = _impl_handles(tensors) if self._run_torch is not None else None
+        num_inputs = len(tensors)
         with self._lock:
             if self._handle is None:
                 raise AotpackError(f"model '{self.name}' {self.version} is closed")
@@ -292,12 +318,10 @@ class Model:
         if slots is None or len(slots[0]) < num_inputs:
             slots = self._new_slots(num_inputs)
         inputs, outputs = slots
+        count = self._num_inputs if num_inputs == len(self.inputs) else ctypes.c_int64(num_inputs)
         try:
-            for i, capsule in enumerate(capsules):  # the runtime owns the inputs from here on
-                inputs[i] = _take(capsule)
-            count = self._num_inputs if num_inputs == len(self.inputs) else ctypes.c_int64(num_inputs)
-            if self._run_dlpack(self._handle, inputs, count, outputs, self._num_outputs):
-                raise AotpackError(_last_error(self._lib))
+            if impls is None or not self._run_impls(impls, inputs, count, outputs):
+                self._run_capsules(tensors, inputs, count, outputs)
             pointers = outputs[:len(self.outputs)]
         finally:
             with self._lock:
@@ -308,6 +332,28 @@ class Model:
         return _to_torch(pointers)
 
     __call__ = run
+
+    def _run_impls(self, impls: list[int], inputs, count, outputs) -> bool:
+        """Run on the inputs' own TensorImpls (borrowed: ``run``'s caller holds the tensors);
+        False when the runtime refused one as not plain (nothing ran)."""
+        inputs[:len(impls)] = impls
+        status = self._run_torch(self._handle, inputs, count, outputs, self._num_outputs)
+        if status == _NOT_PLAIN:
+            return False
+        if status:
+            raise AotpackError(_last_error(self._lib))
+        return True
+
+    def _run_capsules(self, tensors, inputs, count, outputs) -> None:
+        """Run on DLPack exports of the inputs (numpy arrays, subclasses, autograd tensors)."""
+        capsules = []
+        for index, value in enumerate(tensors):
+            capsule = _fast_capsule(value)  # plain CPU tensors: no further checks needed
+            capsules.append(self._export(index, value) if capsule is None else capsule)
+        for i, capsule in enumerate(capsules):  # the runtime owns the inputs from here on
+            inputs[i] = _take(capsule)
+        if self._run_dlpack(self._handle, inputs, count, outputs, self._num_outputs):
+            raise AotpackError(_last_error(self._lib))
 
     def stats(self) -> dict[str, int]:
         """Counters since load: ``runs``, ``inputs_used`` (passed in place, no copy) and

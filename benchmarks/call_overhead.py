@@ -2,8 +2,9 @@
 
 By default the model is ``x + 1`` on a 4x4 float32 tensor (one fused kernel of a few
 nanoseconds), so what is timed is the call itself: aotpack's Python binding
-(``aotpack.load``: DLPack export of the inputs, the ctypes call, ``torch.from_dlpack`` of
-the outputs) plus the runtime's native run path (input checks, output allocation, the
+(``aotpack.load``: the inputs' TensorImpls (DLPack exports for numpy arrays and the like),
+the ctypes call, ``torch.from_dlpack`` of the outputs) plus the runtime's native run path
+(input checks, output allocation, the
 model.so run, DLPack export), against eager's dispatch of one ``add``. ``--model`` times
 another model file on its example inputs instead (for example
 ``benchmarks/bench_models/layernorm_64x4096.py``), ``--archive`` reuses an archive built
@@ -22,7 +23,7 @@ round), each round ``--calls`` timed calls after a fifth as many warm-up calls:
 
 Printed per thread count: each variant's median per-call time in microseconds over all
 its timed calls, ``aotpack - eager`` and ``aotpack - c_api`` (the share of the Python
-binding and the DLPack exchange). The machine's other load moves all three; compare
+binding and the tensor exchange). The machine's other load moves all three; compare
 within one run.
 
     .venv/bin/python benchmarks/call_overhead.py [--threads 1 2] [--rounds 15] [--calls 2000]

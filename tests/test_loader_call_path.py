@@ -1,4 +1,5 @@
-"""The per-call path of aotpack.load: the fast DLPack export, reused call slots, and the
+"""The per-call path of aotpack.load: plain torch tensors passed as their own TensorImpl
+(aotpack_model_run_torch), the fast DLPack export for the rest, reused call slots, and the
 C API's ownership of DLPack inputs on every error (runtime.h: the consumer rule)."""
 from __future__ import annotations
 
@@ -32,6 +33,63 @@ def test_fast_capsule_only_for_plain_cpu_tensors():
     assert loader._fast_capsule(torch.ones(2).to_sparse()) is None
     assert loader._fast_capsule(torch.ones(2, device="meta")) is None
     assert loader._fast_capsule(np.ones(2, dtype=np.float32)) is None
+
+
+def test_impl_handles_only_when_every_input_is_a_plain_tensor():
+    x, y = torch.ones(2), torch.zeros(3)
+    assert loader._impl_handles((x, y)) == [x._cdata, y._cdata]
+    assert loader._impl_handles(()) == []
+    assert loader._impl_handles((x, torch.nn.Parameter(torch.ones(2)))) is None  # a subclass
+    assert loader._impl_handles((x, np.ones(2, dtype=np.float32))) is None
+
+
+def test_plain_tensors_take_the_tensor_door_and_the_rest_dlpack(add_one, monkeypatch):
+    statuses = []
+    door = add_one._run_torch
+
+    def counted(*args):
+        statuses.append(door(*args))
+        return statuses[-1]
+
+    monkeypatch.setattr(add_one, "_run_torch", counted)
+    x = torch.arange(16.0).reshape(4, 4)
+    # (input, statuses of aotpack_model_run_torch: 0 ran, 2 refused so DLPack ran)
+    cases = [(x, [0]), (x.t().contiguous().t(), [0]), (x.clone().requires_grad_(), [2]),
+             (torch.nn.Parameter(x.clone()), []), (x.numpy(), [])]
+    for value, expected in cases:
+        statuses.clear()
+        (y,) = add_one(value)
+        assert torch.equal(y, x + 1) and statuses == expected
+
+
+@pytest.mark.parametrize("kind", ["autograd", "conjugate", "negative", "sparse", "meta", "subclass"])
+def test_c_api_tensor_door_refuses_what_is_not_plain_before_running(add_one, kind):
+    value = {"autograd": lambda: torch.zeros(4, 4, requires_grad=True),
+             "conjugate": lambda: torch.zeros(4, 4, dtype=torch.complex64).conj(),
+             "negative": lambda: torch.zeros(4, 4, dtype=torch.complex64).conj().imag,
+             "sparse": lambda: torch.zeros(4, 4).to_sparse(),
+             "meta": lambda: torch.zeros(4, 4, device="meta"),
+             "subclass": lambda: torch.nn.Parameter(torch.zeros(4, 4))}[kind]()
+    lib = loader._library()
+    runs = add_one.stats()["runs"]
+    outputs = (ctypes.c_void_p * 1)(12345)
+    status = lib.aotpack_model_run_torch(add_one._handle, (ctypes.c_void_p * 1)(value._cdata), 1, outputs, 1)
+    assert (status, loader._last_error(lib)) == (
+        loader._NOT_PLAIN, "input 0 is not a plain dense CPU tensor; pass it by DLPack")
+    assert outputs[0] is None and add_one.stats()["runs"] == runs  # nothing ran, nothing written
+
+
+def test_c_api_tensor_door_errors_name_the_model(add_one):
+    lib = loader._library()
+    x = torch.zeros(4, 4)
+    inputs, outputs = (ctypes.c_void_p * 1)(x._cdata), (ctypes.c_void_p * 2)()
+    assert lib.aotpack_model_run_torch(None, inputs, 1, outputs, 1) == 1
+    assert loader._last_error(lib) == "NULL model handle"
+    assert lib.aotpack_model_run_torch(add_one._handle, inputs, 1, outputs, 2) == 1
+    assert loader._last_error(lib) == "model 'add_one' 0.1.0: the model has 1 output(s), the caller passed 2 slot(s)"
+    assert lib.aotpack_model_run_torch(add_one._handle, (ctypes.c_void_p * 1)(), 1, outputs, 1) == 1
+    assert loader._last_error(lib) == "model 'add_one' 0.1.0: input 0 ('x'): NULL tensor"
+    assert list(outputs) == [None, None]
 
 
 def test_every_input_kind_gives_exact_values(add_one):

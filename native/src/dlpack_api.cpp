@@ -1,13 +1,16 @@
-// aotpack_model_run_dlpack: the C API's DLPack door. Inputs are adopted in place
-// (at::from_blob over their memory, no copy; their deleter runs when the runtime is done
-// with them); outputs are handed out as DLManagedTensorVersioned that keep the runtime's
-// at::Tensor alive (no copy either).
+// aotpack_model_run_dlpack and aotpack_model_run_torch: the C API's DLPack doors. Inputs
+// are adopted in place (at::from_blob over their memory, no copy; their deleter runs when
+// the runtime is done with them), or, from a caller sharing this process's libtorch, used
+// as the caller's own TensorImpl; outputs are handed out as DLManagedTensorVersioned that
+// keep the runtime's at::Tensor alive (no copy either).
 #include <ATen/DLConvertor.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/TensorImpl.h>
 
 #include <atomic>
 #include <memory>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -149,9 +152,76 @@ at::Tensor adopt_input(DLManagedTensorVersioned* managed, const aotpack::Model& 
   return tensor;
 }
 
+// Fills `outputs` with DLPack exports of `ys` (all or none: on error none is handed out).
+void hand_out(std::vector<at::Tensor>& ys, DLManagedTensorVersioned** outputs) {
+  std::vector<DLManagedTensorVersioned*> exported;
+  exported.reserve(ys.size());
+  try {
+    for (at::Tensor& y : ys) exported.push_back(export_tensor(std::move(y)));
+  } catch (...) {
+    for (DLManagedTensorVersioned* e : exported) delete_exported(e);
+    throw;
+  }
+  for (size_t i = 0; i < exported.size(); ++i) outputs[i] = exported[i];
+}
+
+// "model 'mlp' 0.1.0: " for the checks of the run entry points.
+std::string model_prefix(const aotpack::Model& m) {
+  return "model '" + m.name() + "' " + m.version() + ": ";
+}
+
+void check_output_slots(const aotpack::Model& m, DLManagedTensorVersioned** outputs,
+                        int64_t num_outputs) {
+  const int64_t expected = static_cast<int64_t>(m.outputs().size());
+  if (num_outputs != expected || (num_outputs > 0 && outputs == nullptr))
+    fail(model_prefix(m) + "the model has " + std::to_string(expected) +
+         " output(s), the caller passed " + std::to_string(num_outputs) + " slot(s)");
+}
+
+// A TensorImpl the run can use as it is: a plain dense CPU tensor with storage, none of the
+// bits a DLPack export refuses (conjugate, negative, zero tensor) and no autograd or
+// Python-dispatch state. Wrapper impls (sparse, batched, functional, nested) are subclasses.
+bool plain_cpu_tensor(const c10::TensorImpl& t) {
+  return typeid(t) == typeid(c10::TensorImpl) && t.device_type() == c10::DeviceType::CPU &&
+         t.layout() == c10::kStrided && t.has_storage() && !t.is_conj() && !t.is_neg() &&
+         !t._is_zerotensor() && !t.requires_grad() && !t.is_python_dispatch();
+}
+
 }  // namespace
 
 extern "C" {
+
+int32_t aotpack_model_run_torch(aotpack_model_t* model, void* const* inputs, int64_t num_inputs,
+                                DLManagedTensorVersioned** outputs, int64_t num_outputs) {
+  for (int64_t i = 0; outputs != nullptr && i < num_outputs; ++i) outputs[i] = nullptr;
+  for (int64_t i = 0; inputs != nullptr && i < num_inputs; ++i) {
+    const auto* t = static_cast<const c10::TensorImpl*>(inputs[i]);
+    if (t != nullptr && !plain_cpu_tensor(*t)) {
+      aotpack::detail::c_api_last_error() =
+          "input " + std::to_string(i) + " is not a plain dense CPU tensor; pass it by DLPack";
+      return AOTPACK_STATUS_NOT_PLAIN;
+    }
+  }
+  return aotpack::detail::c_api_guarded([&] {
+    if (model == nullptr) fail("NULL model handle");
+    aotpack::Model& m = model->model;
+    if (num_inputs < 0 || (num_inputs > 0 && inputs == nullptr))
+      fail(model_prefix(m) + "bad input array");
+    check_output_slots(m, outputs, num_outputs);
+    std::vector<at::Tensor> xs;
+    xs.reserve(static_cast<size_t>(num_inputs));
+    for (int64_t i = 0; i < num_inputs; ++i) {
+      auto* t = static_cast<c10::TensorImpl*>(inputs[i]);
+      if (t == nullptr) fail(input_label(m, i) + ": NULL tensor");
+      // a reference of our own: an output that views the input keeps it alive
+      xs.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::
+                          unsafe_reclaim_from_nonowning(t));
+    }
+    std::vector<at::Tensor> ys = m.run(xs);  // checks count, dtype and shape
+    xs.clear();
+    hand_out(ys, outputs);
+  });
+}
 
 int32_t aotpack_model_run_dlpack(aotpack_model_t* model, DLManagedTensorVersioned* const* inputs,
                                  int64_t num_inputs, DLManagedTensorVersioned** outputs,
@@ -167,11 +237,7 @@ int32_t aotpack_model_run_dlpack(aotpack_model_t* model, DLManagedTensorVersione
     InputOwners owners(inputs, num_inputs);
     if (model == nullptr) fail("NULL model handle");
     aotpack::Model& m = model->model;
-    auto prefix = [&] { return "model '" + m.name() + "' " + m.version() + ": "; };
-    const int64_t expected = static_cast<int64_t>(m.outputs().size());
-    if (num_outputs != expected || (num_outputs > 0 && outputs == nullptr))
-      fail(prefix() + "the model has " + std::to_string(expected) +
-           " output(s), the caller passed " + std::to_string(num_outputs) + " slot(s)");
+    check_output_slots(m, outputs, num_outputs);
     std::vector<at::Tensor> xs;
     xs.reserve(static_cast<size_t>(num_inputs));
     {
@@ -179,15 +245,7 @@ int32_t aotpack_model_run_dlpack(aotpack_model_t* model, DLManagedTensorVersione
       for (int64_t i = 0; i < num_inputs; ++i) xs.push_back(adopt_input(owners.take(), m, i));
     }
     std::vector<at::Tensor> ys = m.run(xs);  // checks count, dtype and shape
-    std::vector<DLManagedTensorVersioned*> exported;
-    exported.reserve(ys.size());
-    try {
-      for (at::Tensor& y : ys) exported.push_back(export_tensor(std::move(y)));
-    } catch (...) {
-      for (DLManagedTensorVersioned* e : exported) delete_exported(e);
-      throw;
-    }
-    for (size_t i = 0; i < exported.size(); ++i) outputs[i] = exported[i];
+    hand_out(ys, outputs);
   });
 }
 
