@@ -7,6 +7,10 @@ being the running max when chunk ``c`` was read; a second pass over the output m
 chunk ``c`` by ``exp(m_c - M) / S``. The input is read once and ``exp`` runs once per
 element (the three-sweep form reads the row three times and runs ``exp`` twice).
 
+The exp loop runs in blocks of ``PREFETCH_BLOCK`` elements, each prefetching the next
+chunk's lines of the input and the output (``_prefetch_lines``), and its ``exp`` is
+``ap::exp_nonpositive`` (the argument is ``a - running max <= 0``).
+
 Special values give eager's results: a chunk read while every element so far is -inf
 stores 0 with ``m_c = -inf`` (factor 0 when ``M`` is finite, NaN when the whole row is
 -inf); a NaN or +inf makes ``S`` NaN and so every output NaN.
