@@ -22,6 +22,7 @@ from aotpack.autotune import PythonModeRun
 from aotpack.backends.cpu import lane_sum, renderer, tiling
 from aotpack.config import Settings
 from aotpack.export import export_model, load_model_file
+from aotpack.kernel_ir import online_softmax_pairs
 from aotpack.lowering import lower
 from aotpack.build import build
 from aotpack.package import read_manifest
@@ -129,6 +130,61 @@ def test_online_softmax_special_values(tmp_path, kernel_cache):
     reprs, runs, eager, _ = run_forms(path, kernel_cache, lambda t: t.online)
     assert any("online=1" in r for r in reprs)
     assert_close(runs, reprs, eager, atol=1e-6)
+
+
+def test_softmax_every_form_odd_widths_special_values_and_strided_inputs(tmp_path, kernel_cache):
+    """softmax and log_softmax (their exp on ``ap::exp_nonpositive``) in every row form
+    (three-pass, online, stored-exp with the prefetching exp loop), widths 1, 37 and 70001
+    (partial chunks and blocks; 7, 13 and 4097 are in the test above), a transposed and a
+    step-sliced input (4100 and 4097 wide); in each: a row of -inf (NaN, as eager), a NaN,
+    a +inf, 1e30-scale values and -inf before the first finite element. Every kernel's
+    exp(a - max) is the bounded one, and the stored form's long rows prefetch."""
+    forward = """
+        def special(t):
+            t = t.clone()
+            t[0] = float("-inf")
+            t[1, t.shape[1] // 2] = float("nan")
+            t[2, -1] = float("inf")
+            t[3] = t[3] * 1e30
+            t[4, : t.shape[1] // 2 + 1] = float("-inf")
+            return t
+        xs = [special(t) for t in (x, x1, x2, x3.t(), x4[:, ::2])]
+        return tuple(torch.softmax(t, -1) for t in xs) + tuple(torch.log_softmax(t, -1) for t in xs[1:3] + xs[4:])
+    """
+    shapes = [(6, 1), (6, 37), (6, 70001), (4100, 6), (6, 8194)]
+    path = write_model(tmp_path, "softmax_forms", forward, *(f"torch.randn({s}, generator=g) * 30" for s in shapes))
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: True, most=3)
+    forms = {part.split(";online=")[-1] if ";online=" in part else "0" for r in reprs for part in r.split(" | ")}
+    assert {"0", "1", "2"} <= forms, forms
+    backend = backends.get("cpu")
+    softmax_kernels = [k for k in graph.distinct_kernels() if online_softmax_pairs(k.exprs)]
+    assert len(softmax_kernels) >= 7
+    for kernel in softmax_kernels:
+        for candidate in tiling.solve(kernel, DEVICE_LIMIT):
+            source = backend.render_kernel(kernel, candidate)
+            assert "ap::exp_nonpositive(t" in source and "ap::exp(t" not in source, candidate.tiling_repr
+    stored = [backend.render_kernel(k, t) for k in softmax_kernels for t in tiling.solve(k, DEVICE_LIMIT)
+              if t.online == 2 and k.inner_size >= 4097]
+    assert stored and all("__builtin_prefetch(" in text for text in stored)
+    assert_close(runs, reprs, eager, atol=1e-6, rtol=2e-7)
+
+
+def test_only_exp_of_a_shift_by_the_row_max_is_bounded(tmp_path, kernel_cache):
+    """exp(x - amin(x)) (> 0), exp(amax(x) - x), sigmoid and silu keep the general exp;
+    exp(x - amax(x)) (<= 0) takes ``ap::exp_nonpositive``; all match eager."""
+    forward = """
+        return (torch.exp(x - x.amin(-1, keepdim=True)), torch.exp(x.amax(-1, keepdim=True) - x),
+                torch.sigmoid(x), torch.nn.functional.silu(x), torch.exp(x - x.amax(-1, keepdim=True)))
+    """
+    path = write_model(tmp_path, "exp_kinds", forward, "torch.randn(5, 300, generator=g) * 4")
+    reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: True, most=1)
+    backend = backends.get("cpu")
+    sources = [backend.render_kernel(k, tiling.solve(k, DEVICE_LIMIT)[0]) for k in graph.distinct_kernels()]
+    bounded = sum(text.count("ap::exp_nonpositive(t") for text in sources)
+    general = sum(text.count("ap::exp(t") for text in sources)
+    sigmoid = sum(text.count("ap_sigmoid(t") for text in sources)  # on the general ap::exp
+    assert (bounded, general, sigmoid) == (1, 2, 2)
+    assert_close(runs, reprs, eager, atol=1e-5, rtol=1e-5)
 
 
 def test_online_softmax_over_a_transposed_input(tmp_path, kernel_cache):

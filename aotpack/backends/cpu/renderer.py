@@ -59,6 +59,30 @@ def _accumulator(kind: str, dtype) -> tuple[str, str]:
     return ctype, f"std::numeric_limits<{ctype}>::{'lowest' if kind == 'max' else 'max'}()"
 
 
+#: The formula of an ``exp`` whose argument is known <= 0 (``exp_of_nonpositive``).
+NONPOSITIVE_EXP = "ap::exp_nonpositive({0})"
+
+
+def exp_of_nonpositive(node, inner_size: int) -> bool:
+    """Whether ``node`` is ``exp(a - max(a))`` with the max over the row being read.
+
+    Softmax's and log_softmax's exp: ``a`` at any ``j`` of the row is at most the row's
+    max, and at most the running max of every chunk read so far (the online and stored
+    forms subtract that), so the argument is <= 0 (or NaN, from a NaN or from
+    ``inf - inf``), and ``ap::exp_nonpositive`` applies. Any other exp (sigmoid, tanh,
+    a user's exp) keeps the general ``ap::exp``.
+    """
+    if not (isinstance(node, Op) and node.name == "exp" and len(node.args) == 1
+            and node.dtype.is_floating_point):
+        return False
+    sub = node.args[0]
+    if not (isinstance(sub, Op) and sub.name == "sub" and not sub.params and len(sub.args) == 2):
+        return False
+    a, m = sub.args
+    return (isinstance(m, Reduce) and m.kind == "max" and m.scale == 1.0 and m.source == a
+            and m.size == inner_size)
+
+
 class _Block:
     def __init__(self):
         self.lines: list[str] = []
@@ -146,7 +170,10 @@ class KernelWriter:
         if isinstance(node, Op):
             names = [self.value(arg) for arg in node.args]
             ctype = C_TYPES[node.dtype]
-            text = formula(node.name, node.params, node.dtype, C_TYPES[node.args[-1].dtype]).format(*names)
+            if exp_of_nonpositive(node, self.kernel.inner_size):
+                text = NONPOSITIVE_EXP.format(*names)
+            else:
+                text = formula(node.name, node.params, node.dtype, C_TYPES[node.args[-1].dtype]).format(*names)
             return self.emit(ctype, f"static_cast<{ctype}>({text})" if node.convert else text)
         if isinstance(node, Piecewise):
             return self.piecewise(node)

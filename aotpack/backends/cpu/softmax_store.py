@@ -7,11 +7,17 @@ being the running max when chunk ``c`` was read; a second pass over the output m
 chunk ``c`` by ``exp(m_c - M) / S``. The input is read once and ``exp`` runs once per
 element (the three-sweep form reads the row three times and runs ``exp`` twice).
 
+The exp loop runs in blocks of ``PREFETCH_BLOCK`` elements, each prefetching the next
+chunk's lines of the input and the output (``_prefetch_lines``), and its ``exp`` is
+``ap::exp_nonpositive`` (the argument is ``a - running max <= 0``).
+
 Special values give eager's results: a chunk read while every element so far is -inf
 stores 0 with ``m_c = -inf`` (factor 0 when ``M`` is finite, NaN when the whole row is
 -inf); a NaN or +inf makes ``S`` NaN and so every output NaN.
 """
 from __future__ import annotations
+
+import re
 
 import torch
 
@@ -19,10 +25,14 @@ from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.renderer import (
     ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, _accumulator, _Block, chunk_max_lines,
 )
-from aotpack.kernel_ir import FusedKernel, softmax_output
+from aotpack.kernel_ir import FusedKernel, Load, Piecewise, softmax_output, walk
 
 #: Most chunks per row (their running maxes live on the stack: 16 KiB of float32).
 MAX_CHUNKS = 4096
+#: Elements per block of the exp loop: the next chunk's cache lines are prefetched once a block.
+PREFETCH_BLOCK = 64
+#: Bytes of a cache line (x86-64, AArch64).
+LINE_BYTES = 64
 
 
 def applies(kernel: FusedKernel) -> bool:
@@ -62,12 +72,11 @@ def build_body(kernel: FusedKernel) -> KernelBody:
               "    continue;", "  }",
               # a chunk's sum in float (vector lanes, <= ONLINE_CHUNK / lanes adds each: error
               # ~1e-7 relative, as ATen's cascade), the chunks' sums in the double accumulator
-              f"  {chunk_type} cs = 0;",
-              f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}",
-              "  for (int64_t j = jc; j < jc_end; ++j) {"]
-    lines += ["    " + line for line in block_exp.lines]
-    lines += [f"    {out} = static_cast<{out_type}>({value_exp});",
-              f"    cs = cs + {value_exp};", "  }", f"  os += static_cast<{acc_type}>(cs);", "}",
+              f"  {chunk_type} cs = 0;"]
+    body = [line for line in block_exp.lines]
+    body += [f"{out} = static_cast<{out_type}>({value_exp});", f"cs = cs + {value_exp};"]
+    lines += _exp_loop(kernel, total, size, chunk, body)
+    lines += [f"  os += static_cast<{acc_type}>(cs);", "}",
               f"const {acc_type} total = onan ? {nan} : static_cast<{acc_type}>(static_cast<{ctype}>(os));",
               f"const {acc_type} final_max = onan ? {nan} : static_cast<{acc_type}>(om);",
               f"for (int64_t c = 0; c < {chunks}; ++c) {{",
@@ -81,3 +90,57 @@ def build_body(kernel: FusedKernel) -> KernelBody:
     args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
     args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
     return KernelBody(args, ctx.row_lines + lines, [], False, True)
+
+
+def _prefetch_lines(kernel: FusedKernel, total, chunk: int) -> list[str]:
+    """``__builtin_prefetch`` lines for the block starting at ``jb``: the same block of the
+    next chunk (``chunk`` elements on), for every unit-stride load of the exp and for the
+    output (as a write).
+
+    Each chunk's max loop reads its input from memory and the exp loop after it is
+    compute-bound, so without prefetches memory idles while ``exp`` runs and the core
+    waits while the next chunk streams in (and the exp loop's stores wait on the output
+    lines). One chunk ahead is the next chunk of the row, or at its end the next row's
+    first chunk when rows are contiguous (elsewhere a hint on lines that are not read;
+    prefetches never fault). 4096x4096 float32 softmax, kernel CPU time at 1 thread:
+    19.5 against 25 ms without them (interleaved medians, busy 2-core host).
+    """
+    lines, seen = [], set()
+    targets = [("out0", f"r * {total.size} + jb", kernel.outputs[0].dtype.itemsize, 1)]
+    names = {id(buf): f"in{k}" for k, buf in enumerate(kernel.inputs)}
+    for node in walk(total.source):
+        if isinstance(node, Piecewise):
+            return []  # cat pieces read at offsets: leave them to the hardware prefetcher
+        if not isinstance(node, Load):
+            continue
+        j_terms = [t for t in node.index.terms
+                   if t[0] == "j" or (not isinstance(t[0], str) and "j" in t[0].operand.variables())]
+        if [(t[0], t[1]) for t in j_terms] != [("j", 1)]:
+            continue  # strided or div/mod in j: not a stream along the row
+        index = re.sub(r"\bj\b", "jb", node.index.render())
+        targets.append((names[id(node.buffer)], index, node.dtype.itemsize, 0))
+    for name, index, itemsize, write in targets:
+        if (name, index) in seen:
+            continue
+        seen.add((name, index))
+        step = max(1, LINE_BYTES // itemsize)
+        lines += [f"__builtin_prefetch({name} + ({index}) + {chunk + k}, {write}, 3);"
+                  for k in range(0, PREFETCH_BLOCK, step)]
+    return lines
+
+
+def _exp_loop(kernel: FusedKernel, total, size: int, chunk: int, body: list[str]) -> list[str]:
+    """The chunk's exp loop over ``[jc, jc_end)`` around ``body`` (stores ``exp`` and adds it
+    into ``cs``): blocks of ``PREFETCH_BLOCK`` elements, each prefetching ahead
+    (``_prefetch_lines``), when the chunk holds whole blocks; else one vector loop."""
+    prefetch = _prefetch_lines(kernel, total, chunk) if chunk >= PREFETCH_BLOCK else []
+    if not prefetch:
+        return ([f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}", "  for (int64_t j = jc; j < jc_end; ++j) {"]
+                + ["    " + line for line in body] + ["  }"])
+    exact = size % chunk == 0 and chunk % PREFETCH_BLOCK == 0  # constant trip counts: unrolled
+    end = f"jb + {PREFETCH_BLOCK}" if exact else f"ap::min_index(jb + {PREFETCH_BLOCK}, jc_end)"
+    lines = [f"  for (int64_t jb = jc; jb < jc_end; jb += {PREFETCH_BLOCK}) {{"]
+    lines += ["    " + line for line in prefetch]
+    lines += [f"    #pragma omp simd reduction(+:cs){SIMDLEN_MARK}", f"    for (int64_t j = jb; j < {end}; ++j) {{"]
+    lines += ["      " + line for line in body] + ["    }", "  }"]
+    return lines
