@@ -4,9 +4,11 @@ Kernels are C++ rendered from Jinja templates (``templates/cpu_*.j2``) with ever
 shape, stride and tiling knob a compile-time constant, compiled by the system C++
 compiler (``toolchain``), parallel over OpenMP threads (``block_dim``).
 
-Files: ``tiling`` (TopN solver), ``gemm_template`` (the GEMM template's tilings and source), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
-``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
-launcher), ``cpp_wrapper`` (model.cpp).
+Files: ``tiling`` (TopN solver), ``gemm_template`` and ``depthwise_template`` (the GEMM
+and depthwise conv templates' tilings and sources), ``cost_model`` (ranks candidates
+before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++), ``toolchain``
+(compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO launcher),
+``cpp_wrapper`` (model.cpp).
 """
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ import time
 from pathlib import Path
 
 from aotpack.backends.base import Backend, Limits
-from aotpack.backends.cpu import cost_model, cpp_wrapper, gemm_template, tiling
+from aotpack.backends.cpu import cost_model, cpp_wrapper, depthwise_template, gemm_template, tiling
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
-from aotpack.kernel_ir import GemmKernel
+from aotpack.kernel_ir import DepthwiseConvKernel, GemmKernel
 from aotpack.render import render
 
 
@@ -33,16 +35,22 @@ class CpuBackend(Backend):
     def solve(self, kernel, limits: Limits, count: int) -> list:
         if isinstance(kernel, GemmKernel):
             return gemm_template.solve(kernel, limits.device_limit, count)
+        if isinstance(kernel, DepthwiseConvKernel):
+            return depthwise_template.solve(kernel, limits.device_limit, count)
         return tiling.solve(kernel, limits.device_limit, count)
 
     def estimate_us(self, kernel, candidate, settings) -> float:
         if isinstance(kernel, GemmKernel):
             return gemm_template.estimate_us(kernel, candidate)
+        if isinstance(kernel, DepthwiseConvKernel):
+            return depthwise_template.estimate_us(kernel, candidate)
         return cost_model.estimate_us(kernel, candidate, self.target(settings)["features"])
 
     def render_kernel(self, kernel, candidate) -> str:
         if isinstance(kernel, GemmKernel):
             return gemm_template.render_kernel(kernel, candidate)
+        if isinstance(kernel, DepthwiseConvKernel):
+            return depthwise_template.render_kernel(kernel, candidate)
         return render_kernel(kernel, candidate)
 
     def render_wrapper(self, candidates: list) -> str:
