@@ -425,6 +425,8 @@ GEMM_EPILOGUES = {
     "tanh": "tanh(y)",
     "sigmoid": "sigmoid(y)",
     "swish": "y * sigmoid(y)",
+    "hardswish": "y * clamp(y + 3, 0, 6) / 6",
+    "hardsigmoid": "clamp(y + 3, 0, 6) / 6",
     "add": "y + residual",
 }
 
