@@ -17,7 +17,9 @@ buffer:
   tilings are candidates like a fused kernel's; its weight panels are packed at build
   time and shipped as constants (a layout of aotpack's own, not the CPU's ISA); where
   the dense weight is read anyway (a tied embedding), model.cpp packs them at load instead,
-  so no weight is shipped twice.
+  so no weight is shipped twice;
+* ``template`` (depthwise conv2d, groups == channels): aotpack's own depthwise kernel
+  (``kernel_ir.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight.
 
 Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
 pick for the CPU they run on; the archive ships the dense weight (it is a constant

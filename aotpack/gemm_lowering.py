@@ -14,7 +14,8 @@ import torch
 
 from aotpack.gemm import GemmStep, GemmVariant, PackedWeight
 from aotpack.ir import Buffer, ExternArg, ExternCall, KernelCall, contiguous_strides
-from aotpack.kernel_ir import CONV_EPILOGUES, GEMM_EPILOGUES, ConvKernel, GemmKernel, pack_panels, pad_bias
+from aotpack.kernel_ir import (CONV_EPILOGUES, DEPTHWISE_EPILOGUES, GEMM_EPILOGUES, ConvKernel, DepthwiseConvKernel,
+                                GemmKernel, pack_panels, pad_bias)
 
 mkldnn = torch.ops.mkldnn
 
@@ -256,7 +257,8 @@ def _conv_variants(lw, m, x, weight, bias, other, out, aten_steps) -> list | Non
                           [_tensor(x), w, _optional(bias), *ints, ExternArg("string", m.unary or "none"),
                            ExternArg("int_list", []), _algorithm(m.unary)], [out])
     variants = [GemmVariant("aten", aten_steps, []), GemmVariant("onednn", [call], [packed])]
-    template = _conv_template_variant(lw, m, x, weight, bias, other, out)
+    template = (_conv_template_variant(lw, m, x, weight, bias, other, out)
+                or _depthwise_variant(lw, m, x, weight, bias, other, out))
     return variants + ([template] if template is not None else [])
 
 
@@ -289,5 +291,28 @@ def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | 
                         tuple(dense.shape[2:]), tuple(stride), tuple(padding), tuple(dilation), tuple(inputs), (out,),
                         epilogue=m.epilogue, has_bias=bias is not None, x_offset=x[3],
                         residual_offset=other[3] if other is not None else 0)
+    lw.kernels.append(kernel)
+    return GemmVariant("template", [KernelCall(kernel)], [])
+
+
+def _depthwise_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+    """aotpack's own depthwise conv (``kernel_ir.DepthwiseConvKernel``, its tilings tuned
+    like any kernel's), bias and epilogue fused, reading ``x`` and the dense weight as they
+    are; None unless the conv is depthwise (groups == C_in == C_out, one filter each) with
+    an epilogue the template has and a float32 bias."""
+    stride, padding, dilation, _transposed, _output_padding, groups = m.gemm.args[3:9]
+    (batch, channels, h, w), (c_out, per_group, kh, kw) = x[1], weight.shape
+    depthwise = groups == channels == c_out and per_group == 1
+    if other is not None or not depthwise or m.epilogue not in DEPTHWISE_EPILOGUES:
+        return None
+    if bias is not None and not (bias[0].dtype == torch.float32 and len(bias[1]) == 1):
+        return None
+    inputs = (x[0], weight) + ((bias[0],) if bias is not None else ())
+    kernel = DepthwiseConvKernel(f"dwconv_{m.epilogue}_{len(lw.kernels)}", f"dwconv_{m.epilogue}", batch, channels,
+                                 (h, w), tuple(out.shape[2:]), (kh, kw), tuple(stride), tuple(padding),
+                                 tuple(dilation), inputs, (out,), epilogue=m.epilogue, has_bias=bias is not None,
+                                 x_offset=x[3], x_strides=tuple(x[2]), weight_strides=tuple(weight.strides),
+                                 bias_offset=bias[3] if bias is not None else 0,
+                                 bias_stride=bias[2][0] if bias is not None else 1)
     lw.kernels.append(kernel)
     return GemmVariant("template", [KernelCall(kernel)], [])

@@ -7,7 +7,9 @@ pointwise ops after it that oneDNN can run as post-ops, when no other op reads t
 intermediate values:
 
 * an activation: ``relu``, ``tanh``, ``sigmoid``, GELU (erf form, as decomposed:
-  ``0.5*y * (1 + erf(y*sqrt(0.5)))``) or SiLU (``y * sigmoid(y)``);
+  ``0.5*y * (1 + erf(y*sqrt(0.5)))``), SiLU (``y * sigmoid(y)``), hardswish
+  (``y * clamp(clamp(y + 3, 0), None, 6) / 6``) or hardsigmoid (``clamp(clamp(y + 3, 0),
+  None, 6) / 6``), as decomposed;
 * or a residual ``add(y, other)`` of the same shape, for a convolution optionally
   followed by ``relu`` (ResNet's block output).
 
@@ -42,7 +44,8 @@ class GemmMatch:
 
     ``nodes`` are every FX node the match covers, in graph order (the GEMM first, the
     epilogue's last node last: its value is the match's result); ``unary`` is the oneDNN
-    post-op name (``relu``, ``gelu``, ``tanh``, ``sigmoid``, ``swish``) or None;
+    post-op name (``relu``, ``gelu``, ``tanh``, ``sigmoid``, ``swish``, ``hardswish``,
+    ``hardsigmoid``) or None;
     ``residual`` the FX node added to the result, or None (with a ``unary``, that is
     applied after the add); ``batch_norm`` the eval-mode batch norm node folded into a
     convolution, or None.
@@ -119,12 +122,54 @@ def _silu(y) -> tuple | None:
     return "swish", [sig, mul]
 
 
+def _clamped_plus_3(add) -> list | None:
+    """``[add, clamp(add, 0), clamp(that, None, 6)]`` when ``add`` is ``y + 3`` followed by
+    those two clamps (each the only reader of the one before), else None."""
+    if add.target is not aten.add.Tensor or not _scalar_arg(add, 3) or add.kwargs or len(_users(add)) != 1:
+        return None
+    low = _users(add)[0]
+    if low.target is not aten.clamp.default or low.kwargs or tuple(low.args[1:]) not in ((0,), (0, None)):
+        return None
+    if len(_users(low)) != 1:
+        return None
+    high = _users(low)[0]
+    if high.target is not aten.clamp.default or high.kwargs or tuple(high.args[1:]) != (None, 6):
+        return None
+    return [add, low, high] if len(_users(high)) == 1 else None
+
+
+def _divided_by_6(node) -> bool:
+    return node.target is aten.div.Tensor and _scalar_arg(node, 6) and not node.kwargs
+
+
+def _hardsigmoid(y) -> tuple | None:
+    users = _users(y)
+    clamped = _clamped_plus_3(users[0]) if len(users) == 1 and users[0].args[0] is y else None
+    if clamped is None or not _divided_by_6(div := _users(clamped[-1])[0]):
+        return None
+    return "hardsigmoid", [*clamped, div]
+
+
+def _hardswish(y) -> tuple | None:
+    users = _users(y)
+    if len(users) != 2:
+        return None
+    add = next((u for u in users if u.target is aten.add.Tensor and u.args[0] is y), None)
+    mul = next((u for u in users if u.target is aten.mul.Tensor), None)
+    clamped = _clamped_plus_3(add) if add is not None and mul is not None else None
+    if clamped is None or _users(clamped[-1]) != [mul] or set(mul.args) != {y, clamped[-1]}:
+        return None
+    if len(_users(mul)) != 1 or not _divided_by_6(div := _users(mul)[0]):
+        return None
+    return "hardswish", [*clamped, mul, div]
+
+
 def _activation(y) -> tuple | None:
     """(oneDNN attr, nodes) of the activation applied to ``y`` alone, or None."""
     users = _users(y)
     if len(users) == 1 and users[0].target in _UNARY:
         return _UNARY[users[0].target], users
-    return _gelu(y) or _silu(y)
+    return _gelu(y) or _silu(y) or _hardswish(y) or _hardsigmoid(y)
 
 
 def _residual(y) -> tuple | None:

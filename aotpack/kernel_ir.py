@@ -425,6 +425,8 @@ GEMM_EPILOGUES = {
     "tanh": "tanh(y)",
     "sigmoid": "sigmoid(y)",
     "swish": "y * sigmoid(y)",
+    "hardswish": "y * clamp(y + 3, 0, 6) / 6",
+    "hardsigmoid": "clamp(y + 3, 0, 6) / 6",
     "add": "y + residual",
 }
 
@@ -685,6 +687,90 @@ class BmmKernel:
             terms += [f"{v}*{s}" for v, s in zip(inner.split(", "), strides[-2:])]
             lines.append(f"  in{index}: float32 {name}[b, {inner}] at {offset} + {' + '.join(terms)}")
         lines.append(f"  out0: float32[{self.batch}, {self.m}, {self.n}] = a @ b")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+# ----------------------------------------------------------------------------- depthwise conv
+
+#: The epilogues a depthwise convolution template applies to ``y = conv(x, W) + bias`` (names
+#: as oneDNN's post-ops, which ``gemm_match`` finds), each as eager decomposes it.
+DEPTHWISE_EPILOGUES = {
+    "none": "y",
+    "relu": "relu(y)",
+    "hardswish": "y * clamp(y + 3, 0, 6) / 6",
+    "hardsigmoid": "clamp(y + 3, 0, 6) / 6",
+    "sigmoid": "sigmoid(y)",
+    "swish": "y * sigmoid(y)",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class DepthwiseConvKernel:
+    """A depthwise 2-D convolution template kernel, float32, NCHW:
+    ``out[n, c, oh, ow] = epilogue(bias[c] + sum_{kh, kw} W[c, 0, kh, kw] *
+    x[n, c, oh*stride_h - pad_h + kh*dilation_h, ow*stride_w - pad_w + kw*dilation_w])``,
+    taps outside the input reading zero (groups == C_in == C_out, one filter per channel).
+
+    ``inputs`` are ``(x base, weight[, bias base])``:
+
+    * ``x`` is read at ``x_offset + n*s0 + c*s1 + h*s2 + w*s3`` for ``x_strides`` (s0..s3,
+      elements), any layout;
+    * the weight ``W[C, 1, KH, KW]`` (a whole constant) at ``c*w0 + kh*w2 + kw*w3`` for
+      ``weight_strides`` (w0..w3);
+    * the bias, when there is one, at ``bias_offset + c*bias_stride``.
+
+    ``outputs`` is the contiguous ``out[N, C, OH, OW]``. Like ``GemmKernel``, ``kernel_id``
+    hashes the printed form with positional buffer names, so equal convs share it.
+    """
+
+    name: str
+    base_name: str
+    batch: int
+    channels: int
+    in_hw: tuple  # (H, W)
+    out_hw: tuple  # (OH, OW)
+    kernel_hw: tuple  # (KH, KW)
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    inputs: tuple
+    outputs: tuple
+    epilogue: str = "none"
+    has_bias: bool = False
+    x_offset: int = 0
+    x_strides: tuple = ()
+    weight_strides: tuple = ()
+    bias_offset: int = 0
+    bias_stride: int = 1
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted twice: ``2 * N * C * OH * OW * KH * KW``."""
+        return 2 * self.batch * self.channels * math.prod(self.out_hw) * math.prod(self.kernel_hw)
+
+    @property
+    def kernel_id(self) -> str:
+        """sha256 (24 hex digits) of the printed kernel, buffer names positional."""
+        return hashlib.sha256(self.format(with_name=False).encode()).hexdigest()[:24]
+
+    def format(self, with_name: bool = True) -> str:
+        """The kernel as text: the convolution, its operands' layouts and its epilogue."""
+        (kh, kw), (oh, ow) = self.kernel_hw, self.out_hw
+        head = f"depthwise_conv {self.name}" if with_name else "depthwise_conv"
+        s = self.x_strides
+        lines = [f"{head} [n<{self.batch}, c<{self.channels}, oh<{oh}, ow<{ow}; kh<{kh}, kw<{kw}] "
+                 f"stride {list(self.stride)} padding {list(self.padding)} dilation {list(self.dilation)}",
+                 f"  in0: float32 x[n, c, {self.in_hw[0]}, {self.in_hw[1]}] at {self.x_offset} + "
+                 f"n*{s[0]} + c*{s[1]} + h*{s[2]} + w*{s[3]}",
+                 f"  in1: float32 weight[{self.channels}, 1, {kh}, {kw}] strides {list(self.weight_strides)}"]
+        if self.has_bias:
+            lines.append(f"  in2: float32 bias[c] at {self.bias_offset} + c*{self.bias_stride}")
+        y = "depthwise_conv(x, weight)" + (" + bias" if self.has_bias else "")
+        lines.append(f"  out0: float32[{self.batch}, {self.channels}, {oh}, {ow}] = "
+                     f"{DEPTHWISE_EPILOGUES[self.epilogue]} where y = {y}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

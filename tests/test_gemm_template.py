@@ -32,6 +32,8 @@ EPILOGUES = {
     "tanh": lambda y, r: torch.tanh(y),
     "sigmoid": lambda y, r: torch.sigmoid(y),
     "swish": lambda y, r: F.silu(y),
+    "hardswish": lambda y, r: F.hardswish(y),
+    "hardsigmoid": lambda y, r: F.hardsigmoid(y),
     "add": lambda y, r: y + r,
 }
 
@@ -128,6 +130,8 @@ CASES = [  # (M, K, N, epilogue, bias, a_pad, r_pad): odd sizes, register-tile a
     (5, 9, 33, "swish", True, (0, 1), 0),
     (6, 300, 20, "tanh", False, (0, 0), 0),
     (11, 24, 31, "sigmoid", True, (2, 5), 0),
+    (9, 20, 18, "hardswish", True, (0, 0), 0),
+    (4, 7, 3, "hardsigmoid", False, (1, 2), 0),
 ]
 
 

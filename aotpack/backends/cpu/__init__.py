@@ -4,7 +4,9 @@ Kernels are C++ rendered from Jinja templates (``templates/cpu_*.j2``) with ever
 shape, stride and tiling knob a compile-time constant, compiled by the system C++
 compiler (``toolchain``), parallel over OpenMP threads (``block_dim``).
 
-Files: ``tiling`` (TopN solver), ``gemm_template`` / ``conv_template`` (the GEMM and convolution templates' tilings and sources), ``bmm_template`` (the batched GEMM of two runtime operands), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
+Files: ``tiling`` (TopN solver), ``gemm_template`` / ``conv_template``,
+``depthwise_template``, ``bmm_template`` (the GEMM, convolution, depthwise convolution and
+batched GEMM templates' tilings and sources), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
 ``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
 launcher), ``cpp_wrapper`` (model.cpp).
 """
@@ -14,13 +16,20 @@ import time
 from pathlib import Path
 
 from aotpack.backends.base import Backend, Limits
-from aotpack.backends.cpu import bmm_template, conv_template, cost_model, cpp_wrapper, gemm_template, tiling
+from aotpack.backends.cpu import (bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
+                                  gemm_template, tiling)
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
-from aotpack.kernel_ir import BmmKernel, ConvKernel, GemmKernel
+from aotpack.kernel_ir import BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel
 from aotpack.render import render
+
+
+#: Kernel kinds with a template of their own: each module has ``solve``, ``estimate_us``
+#: and ``render_kernel``; every other kernel is a ``FusedKernel`` (``tiling``, ``renderer``).
+TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConvKernel: depthwise_template,
+             BmmKernel: bmm_template}
 
 
 class CpuBackend(Backend):
@@ -31,30 +40,21 @@ class CpuBackend(Backend):
     model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
 
     def solve(self, kernel, limits: Limits, count: int) -> list:
-        if isinstance(kernel, GemmKernel):
-            return gemm_template.solve(kernel, limits.device_limit, count)
-        if isinstance(kernel, ConvKernel):
-            return conv_template.solve(kernel, limits.device_limit, count)
-        if isinstance(kernel, BmmKernel):
-            return bmm_template.solve(kernel, limits.device_limit, count)
+        template = TEMPLATES.get(type(kernel))
+        if template is not None:
+            return template.solve(kernel, limits.device_limit, count)
         return tiling.solve(kernel, limits.device_limit, count)
 
     def estimate_us(self, kernel, candidate, settings) -> float:
-        if isinstance(kernel, GemmKernel):
-            return gemm_template.estimate_us(kernel, candidate)
-        if isinstance(kernel, ConvKernel):
-            return conv_template.estimate_us(kernel, candidate)
-        if isinstance(kernel, BmmKernel):
-            return bmm_template.estimate_us(kernel, candidate)
+        template = TEMPLATES.get(type(kernel))
+        if template is not None:
+            return template.estimate_us(kernel, candidate)
         return cost_model.estimate_us(kernel, candidate, self.target(settings)["features"])
 
     def render_kernel(self, kernel, candidate) -> str:
-        if isinstance(kernel, GemmKernel):
-            return gemm_template.render_kernel(kernel, candidate)
-        if isinstance(kernel, ConvKernel):
-            return conv_template.render_kernel(kernel, candidate)
-        if isinstance(kernel, BmmKernel):
-            return bmm_template.render_kernel(kernel, candidate)
+        template = TEMPLATES.get(type(kernel))
+        if template is not None:
+            return template.render_kernel(kernel, candidate)
         return render_kernel(kernel, candidate)
 
     def render_wrapper(self, candidates: list) -> str:

@@ -128,6 +128,9 @@ _EPILOGUE_CPP = {
     "tanh": "ap::tanh(y)",
     "sigmoid": "ap_sigmoid(y)",
     "swish": "y * ap_sigmoid(y)",
+    # clamp(y + 3, 0, 6) as eager decomposes it (NaN stays NaN)
+    "hardswish": "y * ap_min(ap_max(y + 3.0f, 0.0f), 6.0f) / 6.0f",
+    "hardsigmoid": "ap_min(ap_max(y + 3.0f, 0.0f), 6.0f) / 6.0f",
 }
 
 

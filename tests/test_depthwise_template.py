@@ -1,0 +1,252 @@
+"""aotpack's depthwise conv template (``kernel_ir.DepthwiseConvKernel``,
+``backends/cpu/depthwise_template``): the staged workspace, the tilings offered, the
+matcher's hardswish/hardsigmoid epilogues, and every tiling of odd-sized depthwise convs
+with each epilogue, strides 1/2, 3x3/5x5, with and without bias, on offset and strided
+inputs, compiled and launched against ``F.conv2d`` (float32: |ours - torch| <= 1e-5 +
+1e-5 * |torch|); plus a whole model built with the template winning every conv."""
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aotpack import autotune, backends, gemm_cache, gemm_match, lowering
+from aotpack.backends.cpu import depthwise_template
+from aotpack.backends.cpu.depthwise_template import DepthwiseTiling
+from aotpack.backends.cpu.launcher import CpuLauncher
+from aotpack.build import build
+from aotpack.config import Settings
+from aotpack.export import export_model, load_model_file
+from aotpack.gemm import gemm_steps
+from aotpack.ir import Buffer, contiguous_strides
+from aotpack.kernel_ir import DepthwiseConvKernel
+from aotpack.layout import KERNEL_IR_PATH
+from aotpack.package import read_members
+from conftest import MODELS, assert_native_parity, fixed_timing
+
+ATOL, RTOL = 1e-5, 1e-5
+ZOO = MODELS / "depthwise_zoo.py"
+
+EPILOGUES = {
+    "none": lambda y: y,
+    "relu": F.relu,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "sigmoid": torch.sigmoid,
+    "swish": F.silu,
+}
+
+
+def _buffer(name: str, shape: tuple) -> Buffer:
+    return Buffer(name, shape, contiguous_strides(shape), torch.float32, "input")
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _kernel(n, c, h, w, k, s, epilogue="none", bias=True, d=1, x_strides=None, x_offset=0, store=None):
+    """A depthwise conv with padding ``d * (k // 2)``; ``x`` read at ``x_offset`` with
+    ``x_strides`` (contiguous by default) from a buffer of ``store`` floats."""
+    p = d * (k // 2)
+    oh, ow = _out_size(h, k, s, p, d), _out_size(w, k, s, p, d)
+    strides = x_strides or contiguous_strides((n, c, h, w))
+    inputs = [_buffer("x", (store or n * c * h * w,)), _buffer("w", (c, 1, k, k))] + ([_buffer("b", (c,))] * bias)
+    return DepthwiseConvKernel(f"dwconv_{epilogue}_0", f"dwconv_{epilogue}", n, c, (h, w), (oh, ow), (k, k), (s, s),
+                               (p, p), (d, d), tuple(inputs), (_buffer("out", (n, c, oh, ow)),), epilogue=epilogue,
+                               has_bias=bias, x_offset=x_offset, x_strides=tuple(strides),
+                               weight_strides=contiguous_strides((c, 1, k, k)))
+
+
+@pytest.mark.unit
+def test_workspace_holds_one_zero_padded_plane_per_phase_and_thread():
+    # 13x13, 3x3 stride 1, padding 1: 15 staged rows of 16 floats (15 padded columns)
+    small = _kernel(1, 8, 13, 13, 3, 1)
+    assert (depthwise_template.staged_rows(small), depthwise_template.pitch(small)) == (15, 16)
+    assert depthwise_template.workspace_bytes(small, 2) == 2 * 15 * 16 * 4
+    # 112x112, 3x3 stride 2: 113 rows, two phases of 57 columns (pitch 64)
+    stem = _kernel(1, 16, 112, 112, 3, 2)
+    assert (depthwise_template.staged_rows(stem), depthwise_template.pitch(stem)) == (113, 64)
+    assert depthwise_template.scratch_floats(stem) == 2 * 113 * 64
+    # 7x7 under 5x5: the one 8-lane output vector reaches column 8 + 4 = 12 -> pitch 16
+    assert depthwise_template.pitch(_kernel(1, 8, 7, 7, 5, 1)) == 16
+
+
+@pytest.mark.unit
+def test_tilings_default_first_unique_and_within_the_device_limit():
+    big = _kernel(1, 240, 14, 14, 5, 1)  # 2.35 MFLOP: all threads first
+    options = depthwise_template.solve(big, 2)
+    assert options[0] == DepthwiseTiling(block_dim=2, rows=4, vecs=2, workspace=2 * 18 * 24 * 4)
+    assert options[0].tiling_repr == "cpu_depthwise_conv;block_dim=2;rows=4;vecs=2"
+    assert len(set(options)) == len(options) and all(o.block_dim <= 2 for o in options)
+    assert all(o.workspace == depthwise_template.workspace_bytes(big, o.block_dim) for o in options)
+    assert {(o.rows, o.vecs) for o in options} == {(4, 2), (2, 2), (4, 1), (6, 2)}
+    assert depthwise_template.solve(big, 2, count=2) == options[:2]
+    narrow = depthwise_template.solve(_kernel(1, 576, 7, 7, 5, 1), 2)  # one vector per row; 1.4 MFLOP
+    assert narrow[0] == DepthwiseTiling(block_dim=1, rows=4, vecs=1, workspace=11 * 16 * 4)
+    assert [(o.block_dim, o.rows, o.vecs) for o in narrow] == [(1, 4, 1), (2, 4, 1), (1, 2, 1), (1, 6, 1)]
+    one_row = depthwise_template.solve(_kernel(1, 3, 1, 5, 3, 2), 1)
+    assert [(o.rows, o.vecs) for o in one_row] == [(1, 1)]
+
+
+@pytest.mark.unit
+def test_kernel_id_hashes_the_conv_not_its_name():
+    base = _kernel(1, 8, 13, 13, 3, 1)
+    assert base.kernel_id == DepthwiseConvKernel(**{**base.__dict__, "name": "other"}).kernel_id
+    ids = {base.kernel_id, _kernel(1, 8, 13, 13, 3, 2).kernel_id, _kernel(1, 8, 13, 13, 5, 1).kernel_id,
+           _kernel(1, 8, 13, 13, 3, 1, "relu").kernel_id, _kernel(1, 8, 13, 13, 3, 1, bias=False).kernel_id,
+           _kernel(1, 8, 13, 13, 3, 1, x_offset=1, store=8 * 169 + 1).kernel_id}
+    assert len(ids) == 6
+    lines = str(_kernel(1, 8, 13, 13, 5, 2, "hardswish")).splitlines()
+    assert lines[0] == ("depthwise_conv dwconv_hardswish_0 [n<1, c<8, oh<7, ow<7; kh<5, kw<5] stride [2, 2] "
+                        "padding [2, 2] dilation [1, 1]")
+    assert lines[-1] == ("  out0: float32[1, 8, 7, 7] = y * clamp(y + 3, 0, 6) / 6 "
+                         "where y = depthwise_conv(x, weight) + bias")
+
+
+def _activation_matches(model: torch.nn.Module, example: tuple) -> list:
+    ep = torch.export.export(model, example).run_decompositions()
+    constants = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.name.startswith("p_")}
+    return sorted((m.kind, m.unary) for m in gemm_match.find(ep.graph, constants).values())
+
+
+@pytest.mark.unit
+def test_matcher_finds_hardswish_and_hardsigmoid_after_convs_and_linears():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = torch.nn.Conv2d(4, 4, 3, groups=4), torch.nn.Conv2d(4, 4, 1)
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = F.hardsigmoid(self.conv2(F.hardswish(self.conv1(x))))
+            return F.hardswish(self.fc(h.mean((2, 3))))
+
+    found = _activation_matches(Net().eval(), (torch.randn(1, 4, 6, 6),))
+    assert found == [("conv2d", "hardsigmoid"), ("conv2d", "hardswish"), ("linear", "hardswish")]
+
+    class Shared(torch.nn.Module):  # y + 3 read twice: not a hardswish epilogue
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 4, 3, groups=4)
+
+        def forward(self, x):
+            y = self.conv(x)
+            t = y + 3
+            return y * t.clamp(0, 6) / 6, t
+
+    assert _activation_matches(Shared().eval(), (torch.randn(1, 4, 6, 6),)) == [("conv2d", None)]
+
+
+CASES = [  # (N, C, H, W, K, stride, epilogue, bias, dilation, layout)
+    (1, 5, 13, 13, 3, 1, "relu", True, 1, "contiguous"),
+    (1, 4, 28, 28, 3, 2, "none", False, 1, "contiguous"),
+    (2, 3, 7, 7, 5, 1, "hardswish", True, 1, "contiguous"),
+    (1, 6, 13, 28, 5, 2, "hardsigmoid", True, 1, "offset rows"),  # rows 3 floats longer, offset 2
+    (1, 3, 1, 1, 3, 1, "sigmoid", True, 1, "contiguous"),
+    (1, 3, 2, 5, 5, 2, "swish", False, 1, "channels last"),
+    (1, 4, 5, 2, 3, 2, "relu", True, 1, "channels last"),
+    (1, 2, 28, 13, 5, 1, "hardswish", False, 1, "offset rows"),
+    (1, 3, 13, 7, 3, 1, "none", True, 2, "contiguous"),  # dilation 2
+]
+
+
+def _input(case, generator) -> tuple[torch.Tensor, torch.Tensor, DepthwiseConvKernel]:
+    """(storage, x view of it, kernel reading x from the storage) for ``case``'s layout."""
+    n, c, h, w, k, s, epilogue, bias, d, layout = case
+    if layout == "channels last":
+        x = torch.randn(n, h, w, c, generator=generator).permute(0, 3, 1, 2)
+        return x, x, _kernel(n, c, h, w, k, s, epilogue, bias, d, x_strides=x.stride(), store=x.numel())
+    if layout == "offset rows":
+        store = torch.randn(2 + n * c * h * (w + 3), generator=generator)
+        x = store[2:].view(n, c, h, w + 3)[..., :w]
+        return store, x, _kernel(n, c, h, w, k, s, epilogue, bias, d, x_strides=x.stride(), x_offset=2,
+                                 store=store.numel())
+    x = torch.randn(n, c, h, w, generator=generator)
+    return x, x, _kernel(n, c, h, w, k, s, epilogue, bias, d)
+
+
+def _extra_tilings(kernel: DepthwiseConvKernel) -> list[DepthwiseTiling]:
+    """Row blocks of 1 and 3 rows (a remainder block on most heights), 3 vectors, 2 threads."""
+    return [DepthwiseTiling(block_dim=b, rows=r, vecs=v, workspace=depthwise_template.workspace_bytes(kernel, b))
+            for b, r, v in ((1, 1, 1), (2, 3, 3), (1, 3, 2))]
+
+
+def _compile(kernel, tilings: list, folder) -> CpuLauncher:
+    backend = backends.get("cpu")
+    toolchain = backend.toolchain(Settings.from_env())
+    jobs = []
+    for tiling in tilings:
+        source = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
+        source.parent.mkdir(parents=True)
+        source.write_text(backend.render_kernel(kernel, tiling))
+        jobs.append((toolchain.compile_kernel, source, source.with_name("kernel.so")))
+    (folder / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
+    jobs.append((toolchain.compile_wrapper, folder / "wrapper.cpp", folder / "wrapper.so"))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda job: job[0](job[1], job[2]), jobs))
+    return backend.load_wrapper(folder / "wrapper.so", folder, kernel.name)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}-k{c[4]}s{c[5]}d{c[8]}-{c[6]}"
+                                                      f"{'' if c[7] else '-nobias'}-{c[9].replace(' ', '_')}")
+def test_every_tiling_matches_torch(case, tmp_path):
+    n, c, h, w, k, s, epilogue, has_bias, d, _layout = case
+    generator = torch.Generator().manual_seed(h * 100 + w)
+    store, x, kernel = _input(case, generator)
+    weight = torch.randn(c, 1, k, k, generator=generator)
+    bias = torch.randn(c, generator=generator) if has_bias else None
+    expected = EPILOGUES[epilogue](F.conv2d(x, weight, bias, s, d * (k // 2), d, c))
+    tilings = list(dict.fromkeys(depthwise_template.solve(kernel, 2) + _extra_tilings(kernel)))
+    launcher = _compile(kernel, tilings, tmp_path)
+    for tiling in tilings:
+        out = torch.full(expected.shape, float("nan"))
+        launcher.launch(tiling.kernel_key, [store, weight] + ([bias] if has_bias else []) + [out])
+        torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
+
+
+def _template_wins(functions):
+    """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
+    for fn in functions:
+        fn()
+    return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
+
+
+@pytest.mark.native
+def test_template_wins_every_depthwise_conv_of_a_model_and_matches_eager(tmp_path, cache_dir):
+    """Every depthwise conv of the zoo (each epilogue, stride 2, 5x5, dilation, no bias, a
+    column slice of the input read in place) runs the template; natively within 1e-5."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autotune, "time_functions", _template_wins)
+        patch.setattr(gemm_cache, "read_all", lambda *args: {})
+        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        result = build(ZOO, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
+    gemms = result.manifest["gemms"]
+    assert [g["epilogue"] for g in gemms] == ["relu", "hardswish", "hardsigmoid", "sigmoid", "swish", "none",
+                                              "relu", "hardswish"]
+    assert all(g["candidates"] == ["aten", "onednn", "template"] and g["winner"] == "template" for g in gemms)
+    text = read_members(result.archive)[KERNEL_IR_PATH].decode()
+    assert "x[n, c, 13, 11] at 2 + n*2028 + c*169 + h*13 + w*1" in text  # the slice, not a copy
+    assert "aten.convolution" not in text
+    assert_native_parity(result.archive, ZOO, tmp_path, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.unit
+def test_a_grouped_conv_that_is_not_depthwise_gets_no_template():
+    class Grouped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 4, 3, groups=2)
+            self.dw_multiplier = torch.nn.Conv2d(4, 8, 3, groups=4)  # two filters per channel
+
+        def forward(self, x):
+            return self.conv(x), self.dw_multiplier(x)
+
+    model_file = dataclasses.replace(load_model_file(ZOO), module=Grouped().eval(),
+                                     example_inputs=(torch.randn(1, 4, 6, 6),))
+    graph = lowering.lower(export_model(model_file), backends.get("cpu").dtypes)
+    assert [[v.name for v in step.variants] for step in gemm_steps(graph)] == [["aten", "onednn"]] * 2
