@@ -13,10 +13,8 @@ ATen variant on the same views (a copy first where ATen needs one, as the step's
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -27,11 +25,10 @@ sys.path.insert(0, str(ROOT))
 from aotpack import backends  # noqa: E402
 from aotpack.backends.cpu import bmm_template  # noqa: E402
 from aotpack.build import export_model  # noqa: E402
-from aotpack.config import Settings  # noqa: E402
 from aotpack.export import load_model  # noqa: E402
 from aotpack.gemm import gemm_steps  # noqa: E402
 from aotpack.lowering import lower  # noqa: E402
-from common import wall_times  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
 
 DEFAULT_MODELS = ["samples/transformer_block.py", "benchmarks/bench_models/vit_s16.py",
                   "benchmarks/bench_models/bert_tiny.py", "benchmarks/bench_models/llama_tiny.py"]
@@ -48,26 +45,11 @@ def bmm_kernels(path: str) -> list[tuple]:
     return list(found.values())
 
 
-def _compile(kernel, tilings: list, work: Path):
-    backend = backends.get("cpu")
-    toolchain = backend.toolchain(Settings.from_env())
-    for tiling in tilings:
-        source = work / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(backend.render_kernel(kernel, tiling))
-        toolchain.compile_kernel(source, source.with_name("kernel.so"))
-    (work / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
-    toolchain.compile_wrapper(work / "wrapper.cpp", work / "wrapper.so")
-    return backend.load_wrapper(work / "wrapper.so", work, kernel.name)
-
 
 def _storage(buf, generator) -> torch.Tensor:
     extent = 1 + sum((s - 1) * st for s, st in zip(buf.shape, buf.strides))
     return torch.randn(extent, generator=generator)
 
-
-def _median_us(fn, calls: int) -> float:
-    return statistics.median(wall_times(fn, calls)) * 1e6
 
 
 def measure(kernel, threads: int, rounds: int, work: Path) -> dict:
@@ -85,7 +67,7 @@ def measure(kernel, threads: int, rounds: int, work: Path) -> dict:
     reference = aten()
     out = torch.empty(kernel.outputs[0].shape)
     tilings = bmm_template.solve(kernel, threads)
-    launcher = _compile(kernel, tilings, work)
+    launcher = compile_candidates(kernel, tilings, work)
     tensors = [storages[id(b)] for b in kernel.inputs] + [out]  # kept alive: the launch takes raw pointers
     args = launcher.arguments(tensors)
     variants = {t.tiling_repr.removeprefix("cpu_bmm;"): (lambda key=t.kernel_key: launcher.launch(key, args))
@@ -97,14 +79,7 @@ def measure(kernel, threads: int, rounds: int, work: Path) -> dict:
         if name != "aten":
             torch.testing.assert_close(out.view(reference.shape), reference, atol=1e-4, rtol=1e-4,
                                        msg=lambda t: f"{name}: {t}")
-    calls = max(5, int(0.1 / max(1e-6, _median_us(variants["aten"], 3) * 1e-6)))
-    samples = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(_median_us(variants[name], calls))
-            time.sleep(0.02)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return interleaved_medians(variants, rounds, calls_per_sample(variants["aten"], 0.1, 5))
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -24,12 +23,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aotpack import backends  # noqa: E402
 from aotpack.backends.cpu import conv_template  # noqa: E402
-from aotpack.config import Settings  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
 from aotpack.kernel_ir import GEMM_PANEL, ConvKernel, pack_panels, pad_bias  # noqa: E402
-from common import wall_times  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
 
 #: ResNet-18's distinct convolutions at 224x224 (the stem, each stage's 3x3s, the strided
 #: 3x3s and 1x1 downsamples) and MobileNetV3-Small's larger 1x1s.
@@ -63,17 +60,8 @@ def _kernel(c, h, w, oc, k, s, p) -> ConvKernel:
 
 
 def _compile_template(kernel: ConvKernel, device_limit: int, work: Path):
-    backend = backends.get("cpu")
-    toolchain = backend.toolchain(Settings.from_env())
     tilings = conv_template.solve(kernel, device_limit)
-    for tiling in tilings:
-        source = work / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(backend.render_kernel(kernel, tiling))
-        toolchain.compile_kernel(source, source.with_name("kernel.so"))
-    (work / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
-    toolchain.compile_wrapper(work / "wrapper.cpp", work / "wrapper.so")
-    return backend.load_wrapper(work / "wrapper.so", work, kernel.name), tilings
+    return compile_candidates(kernel, tilings, work), tilings
 
 
 #: The clock calls are timed with: wall time, or (``--clock thread``, 1 thread only) the
@@ -81,16 +69,6 @@ def _compile_template(kernel: ConvKernel, device_limit: int, work: Path):
 CLOCK = {"wall": time.perf_counter, "thread": time.thread_time}
 _clock = CLOCK["wall"]
 
-
-def _median_us(fn, calls: int) -> float:
-    if _clock is CLOCK["wall"]:
-        return statistics.median(wall_times(fn, calls)) * 1e6
-    samples = []
-    for _ in range(calls):
-        start = _clock()
-        fn()
-        samples.append(_clock() - start)
-    return statistics.median(samples) * 1e6
 
 
 def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
@@ -117,14 +95,7 @@ def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
         fn()
         if name.startswith("template"):
             torch.testing.assert_close(out, reference, atol=1e-4, rtol=1e-3, msg=lambda t: f"{name}: {t}")
-    calls = max(3, int(0.1 / max(1e-6, _median_us(variants["aten"], 3) * 1e-6)))
-    samples = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(_median_us(variants[name], calls))
-            time.sleep(0.02)
-    result = {name: statistics.median(v) for name, v in samples.items()}
+    result = interleaved_medians(variants, rounds, calls_per_sample(variants["aten"], 0.1, 3), _clock)
     result["_gflops"] = kernel.flops / 1e3
     return result
 

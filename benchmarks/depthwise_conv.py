@@ -16,10 +16,8 @@ faster). All three are called from Python (a few us each).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -27,12 +25,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aotpack import backends  # noqa: E402
 from aotpack.backends.cpu import depthwise_template  # noqa: E402
-from aotpack.config import Settings  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
 from aotpack.kernel_ir import DepthwiseConvKernel  # noqa: E402
-from common import wall_times  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
 
 #: CxHxW:kKsS:activation of MobileNetV3-Small's depthwise convs (the input; padding K // 2).
 DEFAULT_SHAPES = ["16x112x112:k3s2:relu", "72x56x56:k3s2:relu", "88x28x28:k3s1:relu", "96x28x28:k5s2:hardswish",
@@ -65,24 +61,6 @@ def kernel_of(c: int, h: int, w: int, k: int, s: int, activation: str) -> Depthw
                                weight_strides=contiguous_strides((c, 1, k, k)))
 
 
-def _compile(kernel: DepthwiseConvKernel, device_limit: int, work: Path):
-    backend = backends.get("cpu")
-    toolchain = backend.toolchain(Settings.from_env())
-    tilings = depthwise_template.solve(kernel, device_limit)
-    for tiling in tilings:
-        source = work / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(backend.render_kernel(kernel, tiling))
-        toolchain.compile_kernel(source, source.with_name("kernel.so"))
-    (work / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
-    toolchain.compile_wrapper(work / "wrapper.cpp", work / "wrapper.so")
-    return backend.load_wrapper(work / "wrapper.so", work, kernel.name), tilings
-
-
-def _median_us(fn, calls: int) -> float:
-    return statistics.median(wall_times(fn, calls)) * 1e6
-
-
 def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
     """Median us per variant over interleaved rounds (the order rotating each round)."""
     c, h, w, k, s, activation = parse(shape)
@@ -94,7 +72,8 @@ def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
     p = k // 2
     reference = act(F.conv2d(x, weight, bias, s, p, 1, c))
     kernel = kernel_of(c, h, w, k, s, activation)
-    launcher, tilings = _compile(kernel, threads, work / f"{shape.replace(':', '_')}-{threads}")
+    tilings = depthwise_template.solve(kernel, threads)
+    launcher = compile_candidates(kernel, tilings, work / f"{shape.replace(':', '_')}-{threads}")
     out = torch.empty(reference.shape)
     args = launcher.arguments([x, weight, bias, out])  # x, weight, bias, out stay alive: raw pointers
     variants = {f"template[{t.tiling_repr.removeprefix('cpu_depthwise_conv;')}]":
@@ -108,14 +87,7 @@ def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
             got = fn()
             got = out if name.startswith("template") else got
             torch.testing.assert_close(got, reference, atol=1e-4, rtol=1e-3, msg=lambda t: f"{name}: {t}")
-        calls = max(5, int(0.05 / max(1e-6, _median_us(variants["aten"], 3) * 1e-6)))
-        samples = {name: [] for name in variants}
-        names = list(variants)
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                samples[name].append(_median_us(variants[name], calls))
-                time.sleep(0.02)
-    return {name: statistics.median(v) for name, v in samples.items()}
+        return interleaved_medians(variants, rounds, calls_per_sample(variants["aten"], 0.05, 5))
 
 
 def main() -> None:

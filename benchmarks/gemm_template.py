@@ -11,10 +11,8 @@ picks) and the default. Outputs are checked against ``F.linear`` first
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -22,12 +20,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aotpack import backends  # noqa: E402
 from aotpack.backends.cpu import gemm_template  # noqa: E402
-from aotpack.config import Settings  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
 from aotpack.kernel_ir import GEMM_PANEL, GemmKernel, pack_panels, pad_bias  # noqa: E402
-from common import wall_times  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
 
 #: MxKxN of the bundled samples (mlp, transformer_block) and of the tiny BERT/LLaMA benchmarks.
 DEFAULT_SHAPES = ["32x512x2048", "32x2048x512", "128x256x768", "128x256x256", "128x1024x256", "64x256x688"]
@@ -42,17 +38,8 @@ def _compile_template(m: int, k: int, n: int, device_limit: int, work: Path):
                         (_buffer("a", (m, k)), _buffer("w", (-(-n // GEMM_PANEL), k, GEMM_PANEL)),
                          _buffer("bias", (-(-n // GEMM_PANEL) * GEMM_PANEL,))), (_buffer("out", (m, n)),),
                         has_bias=True, a_row_stride=k)
-    backend = backends.get("cpu")
-    toolchain = backend.toolchain(Settings.from_env())
     tilings = gemm_template.solve(kernel, device_limit)
-    for tiling in tilings:
-        source = work / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(backend.render_kernel(kernel, tiling))
-        toolchain.compile_kernel(source, source.with_name("kernel.so"))
-    (work / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
-    toolchain.compile_wrapper(work / "wrapper.cpp", work / "wrapper.so")
-    return backend.load_wrapper(work / "wrapper.so", work, kernel.name), tilings
+    return compile_candidates(kernel, tilings, work), tilings
 
 
 def _ort_session(weight: torch.Tensor, bias: torch.Tensor, m: int, threads: int):
@@ -72,9 +59,6 @@ def _ort_session(weight: torch.Tensor, bias: torch.Tensor, m: int, threads: int)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
-
-def _median_us(fn, calls: int) -> float:
-    return statistics.median(wall_times(fn, calls)) * 1e6
 
 
 def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
@@ -102,14 +86,7 @@ def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
         fn()
         if name.startswith("template"):
             torch.testing.assert_close(out, reference, atol=1e-4, rtol=1e-3, msg=lambda t: f"{name}: {t}")
-    calls = max(5, int(0.1 / max(1e-6, _median_us(variants["aten"], 3) * 1e-6)))
-    samples = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(_median_us(variants[name], calls))
-            time.sleep(0.02)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return interleaved_medians(variants, rounds, calls_per_sample(variants["aten"], 0.1, 5))
 
 
 def main() -> None:

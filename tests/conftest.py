@@ -80,6 +80,28 @@ def assert_native_parity(archive, path, tmp_path, atol=parity.ATOL, rtol=parity.
     return check.max_abs_error
 
 
+def compile_tilings(kernel, tilings: list, folder: Path):
+    """Render each tiling of a template ``kernel`` into its own static kernel under
+    ``folder``, compile them and the wrapper (2 at a time), and return the CPU launcher."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aotpack import backends
+
+    backend = backends.get("cpu")
+    toolchain = backend.toolchain(Settings.from_env())
+    jobs = []
+    for tiling in tilings:
+        source = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
+        source.parent.mkdir(parents=True)
+        source.write_text(backend.render_kernel(kernel, tiling))
+        jobs.append((toolchain.compile_kernel, source, source.with_name("kernel.so")))
+    (folder / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
+    jobs.append((toolchain.compile_wrapper, folder / "wrapper.cpp", folder / "wrapper.so"))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda job: job[0](job[1], job[2]), jobs))
+    return backend.load_wrapper(folder / "wrapper.so", folder, kernel.name)
+
+
 def pytest_collection_modifyitems(items):
     """Modules without their own ``pytestmark`` need the compiler and runtime: ``native``."""
     for item in items:

@@ -6,7 +6,6 @@ and launched against ``torch.bmm`` (float32: |ours - torch| <= 1e-5 + 1e-5 * |to
 template forced to win, run natively against eager."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -14,14 +13,13 @@ import torch
 from aotpack import autotune, backends, gemm_cache, lowering, report
 from aotpack.backends.cpu import bmm_template
 from aotpack.backends.cpu.bmm_template import BmmTiling
-from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.export import load_model
 from aotpack.gemm import GemmStep, gemm_steps
 from aotpack.ir import Buffer
 from aotpack.kernel_ir import BmmKernel
-from conftest import MODELS, SAMPLES, assert_native_parity, fixed_timing
+from conftest import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 ATOL, RTOL = 1e-5, 1e-5
 ATTENTION = MODELS / "attention_bmm.py"
@@ -61,21 +59,6 @@ def _kernel(a_view, b_view, inputs: list, b_input: int, out_shape: tuple) -> Bmm
                      a_view.storage_offset(), tuple(a_view.stride()), b_view.storage_offset(),
                      tuple(b_view.stride()), b_input)
 
-
-def _compile(kernel, tilings: list, folder) -> CpuLauncher:
-    backend = backends.get("cpu")
-    toolchain = backend.toolchain(Settings.from_env())
-    jobs = []
-    for tiling in tilings:
-        source = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-        source.parent.mkdir(parents=True)
-        source.write_text(backend.render_kernel(kernel, tiling))
-        jobs.append((toolchain.compile_kernel, source, source.with_name("kernel.so")))
-    (folder / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
-    jobs.append((toolchain.compile_wrapper, folder / "wrapper.cpp", folder / "wrapper.so"))
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda job: job[0](job[1], job[2]), jobs))
-    return backend.load_wrapper(folder / "wrapper.so", folder, kernel.name)
 
 
 def _tilings(kernel: BmmKernel) -> list[BmmTiling]:
@@ -144,7 +127,7 @@ def test_every_tiling_matches_torch_bmm(case, tmp_path):
     kernel = _kernel(a, b, [_flat("a", a_store), _flat("b", b_store)], 1, (*batch_shape, m, n))
     expected = torch.matmul(a, b)
     tilings = _tilings(kernel)
-    launcher = _compile(kernel, tilings, tmp_path)
+    launcher = compile_tilings(kernel, tilings, tmp_path)
     for tiling in tilings:
         out = torch.full(expected.shape, float("nan"))
         launcher.launch(tiling.kernel_key, [a_store, b_store, out])
@@ -160,7 +143,7 @@ def test_q_and_k_slices_of_one_qkv_buffer_as_one_input(tmp_path):
     q, k = heads[:, 0].transpose(0, 1), heads[:, 1].permute(1, 2, 0)
     kernel = _kernel(q, k, [_flat("qkv", qkv)], 0, (6, 197, 197))
     tilings = _tilings(kernel)
-    launcher = _compile(kernel, tilings, tmp_path)
+    launcher = compile_tilings(kernel, tilings, tmp_path)
     for tiling in tilings:
         out = torch.full((6, 197, 197), float("nan"))
         launcher.launch(tiling.kernel_key, [qkv, out])

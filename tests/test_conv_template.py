@@ -18,8 +18,7 @@ from aotpack.config import Settings
 from aotpack.export import export_model, load_model_file
 from aotpack.ir import Buffer, contiguous_strides
 from aotpack.kernel_ir import GEMM_PANEL, ConvKernel, pack_panels, pad_bias
-from conftest import MODELS, assert_native_parity, fixed_timing
-from test_gemm_template import _compile
+from conftest import MODELS, assert_native_parity, compile_tilings, fixed_timing
 
 BLOCK = MODELS / "conv_bn_block.py"
 ATOL, RTOL = 1e-5, 1e-4
@@ -147,7 +146,7 @@ def test_every_tiling_matches_torch(case, tmp_path):
         tensors.append(r_store)
     expected = EPILOGUES[epilogue](y, residual)
     tilings = _tilings(kernel)
-    launcher = _compile(kernel, tilings, tmp_path)
+    launcher = compile_tilings(kernel, tilings, tmp_path)
     for tiling in tilings:
         out = torch.full(expected.shape, float("nan"))
         launcher.launch(tiling.kernel_key, tensors + [out])

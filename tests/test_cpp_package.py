@@ -3,7 +3,6 @@ consumer uses with find_package(aotpack) + aotpack::runtime; samples/cpp is that
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest

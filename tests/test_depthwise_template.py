@@ -7,7 +7,6 @@ inputs, compiled and launched against ``F.conv2d`` (float32: |ours - torch| <= 1
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ import torch.nn.functional as F
 from aotpack import autotune, backends, gemm_cache, gemm_match, lowering
 from aotpack.backends.cpu import depthwise_template
 from aotpack.backends.cpu.depthwise_template import DepthwiseTiling
-from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.export import export_model, load_model_file
@@ -25,7 +23,7 @@ from aotpack.ir import Buffer, contiguous_strides
 from aotpack.kernel_ir import DepthwiseConvKernel
 from aotpack.layout import KERNEL_IR_PATH
 from aotpack.package import read_members
-from conftest import MODELS, assert_native_parity, fixed_timing
+from conftest import MODELS, assert_native_parity, compile_tilings, fixed_timing
 
 ATOL, RTOL = 1e-5, 1e-5
 ZOO = MODELS / "depthwise_zoo.py"
@@ -175,21 +173,6 @@ def _extra_tilings(kernel: DepthwiseConvKernel) -> list[DepthwiseTiling]:
             for b, r, v in ((1, 1, 1), (2, 3, 3), (1, 3, 2))]
 
 
-def _compile(kernel, tilings: list, folder) -> CpuLauncher:
-    backend = backends.get("cpu")
-    toolchain = backend.toolchain(Settings.from_env())
-    jobs = []
-    for tiling in tilings:
-        source = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-        source.parent.mkdir(parents=True)
-        source.write_text(backend.render_kernel(kernel, tiling))
-        jobs.append((toolchain.compile_kernel, source, source.with_name("kernel.so")))
-    (folder / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
-    jobs.append((toolchain.compile_wrapper, folder / "wrapper.cpp", folder / "wrapper.so"))
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda job: job[0](job[1], job[2]), jobs))
-    return backend.load_wrapper(folder / "wrapper.so", folder, kernel.name)
-
 
 @pytest.mark.native
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}-k{c[4]}s{c[5]}d{c[8]}-{c[6]}"
@@ -202,7 +185,7 @@ def test_every_tiling_matches_torch(case, tmp_path):
     bias = torch.randn(c, generator=generator) if has_bias else None
     expected = EPILOGUES[epilogue](F.conv2d(x, weight, bias, s, d * (k // 2), d, c))
     tilings = list(dict.fromkeys(depthwise_template.solve(kernel, 2) + _extra_tilings(kernel)))
-    launcher = _compile(kernel, tilings, tmp_path)
+    launcher = compile_tilings(kernel, tilings, tmp_path)
     for tiling in tilings:
         out = torch.full(expected.shape, float("nan"))
         launcher.launch(tiling.kernel_key, [store, weight] + ([bias] if has_bias else []) + [out])

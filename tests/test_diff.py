@@ -1,7 +1,6 @@
 """`aotpack diff A B` (issue 8, item 6): fields and exit codes (0 same, 1 different, 2 trouble)."""
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys

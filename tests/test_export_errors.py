@@ -98,7 +98,7 @@ def test_a_long_guard_expression_is_shortened_to_one_bounded_line(tmp_path):
     assert len(message) == export_errors.MAX_MESSAGE
     line = Path(__file__).name
     assert message.startswith(f"{model_path}: torch.export failed at {line}:")
-    assert f"in library_code: data-dependent shape (guard Eq(Max(u0, 0) + Max(u1, 1)" in message
+    assert "in library_code: data-dependent shape (guard Eq(Max(u0, 0) + Max(u1, 1)" in message
     assert f"...; {SHAPE_ADVICE}; torch's log: --debug-dir DIR" in message
     assert "\n" not in message
 

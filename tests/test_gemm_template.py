@@ -4,22 +4,20 @@ each epilogue, on row-strided and offset operands, compiled and launched against
 (float32: |ours - torch| <= 1e-5 + 1e-4 * |torch|; the summation order differs from MKL's)."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from aotpack import autotune, backends, gemm_cache, layout, reader
+from aotpack import autotune, gemm_cache, layout, reader
 from aotpack.backends.cpu import gemm_template
 from aotpack.backends.cpu.gemm_template import GemmTiling
-from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.config import Settings
 from aotpack.ir import Buffer, contiguous_strides
 from aotpack.build import build
 from aotpack.kernel_ir import GEMM_PANEL, GemmKernel, pack_panels, pad_bias
-from conftest import MODELS, SAMPLES, assert_native_parity, fixed_timing
+from conftest import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 TIED = MODELS / "tied_weights.py"
 
@@ -142,21 +140,6 @@ def _tilings(kernel: GemmKernel) -> list[GemmTiling]:
     return list(dict.fromkeys(gemm_template.solve(kernel, 2) + extra))
 
 
-def _compile(kernel: GemmKernel, tilings: list, folder) -> CpuLauncher:
-    backend = backends.get("cpu")
-    toolchain = backend.toolchain(Settings.from_env())
-    jobs = []
-    for tiling in tilings:
-        source = folder / "static_kernel" / tiling.kernel_key / "kernel.cpp"
-        source.parent.mkdir(parents=True)
-        source.write_text(backend.render_kernel(kernel, tiling))
-        jobs.append((toolchain.compile_kernel, source, source.with_name("kernel.so")))
-    (folder / "wrapper.cpp").write_text(backend.render_wrapper(tilings))
-    jobs.append((toolchain.compile_wrapper, folder / "wrapper.cpp", folder / "wrapper.so"))
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda job: job[0](job[1], job[2]), jobs))
-    return backend.load_wrapper(folder / "wrapper.so", folder, kernel.name)
-
 
 @pytest.mark.native
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}")
@@ -176,7 +159,7 @@ def test_every_tiling_matches_torch(case, tmp_path):
         tensors.append(r_store)
     expected = EPILOGUES[epilogue](F.linear(a, weight, bias), residual)
     tilings = _tilings(kernel)
-    launcher = _compile(kernel, tilings, tmp_path)
+    launcher = compile_tilings(kernel, tilings, tmp_path)
     for tiling in tilings:
         out = torch.full((m, n), float("nan"))
         launcher.launch(tiling.kernel_key, tensors + [out])
@@ -233,7 +216,7 @@ def test_gelu_epilogue_erf_within_its_stated_error(tmp_path):
                                                                      float("-inf"), float("nan")])])
     kernel = _kernel(values.numel(), 1, 1, "gelu", bias=False)
     tiling = gemm_template.solve(kernel, 1)[0]
-    launcher = _compile(kernel, [tiling], tmp_path)
+    launcher = compile_tilings(kernel, [tiling], tmp_path)
     out = torch.empty(values.numel(), 1)
     launcher.launch(tiling.kernel_key, [values.clone(), pack_panels(torch.ones(1, 1)), out])
     y = values.double()

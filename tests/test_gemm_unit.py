@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from aotpack import backends, gemm, parity, report
 from aotpack.autotune import Choice, PythonModeRun
@@ -87,7 +86,6 @@ def test_aten_variant_keeps_the_epilogue_as_a_fused_kernel(zoo):
 
 SHARED = """
 import torch
-import torch.nn.functional as F
 
 
 class Shared(torch.nn.Module):
