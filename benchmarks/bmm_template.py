@@ -28,7 +28,7 @@ from aotpack.build import export_model  # noqa: E402
 from aotpack.export import load_model  # noqa: E402
 from aotpack.gemm import gemm_steps  # noqa: E402
 from aotpack.lowering import lower  # noqa: E402
-from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 DEFAULT_MODELS = ["samples/transformer_block.py", "benchmarks/bench_models/vit_s16.py",
                   "benchmarks/bench_models/bert_tiny.py", "benchmarks/bench_models/llama_tiny.py"]
@@ -66,7 +66,7 @@ def measure(kernel, threads: int, rounds: int, work: Path) -> dict:
         return torch.bmm(a.reshape(kernel.batch, kernel.m, kernel.k), b.reshape(kernel.batch, kernel.k, kernel.n))
     reference = aten()
     out = torch.empty(kernel.outputs[0].shape)
-    tilings = bmm_template.solve(kernel, threads)
+    tilings = bmm_template.solve(kernel, threads, vector_bytes=target_vector_bytes())
     launcher = compile_candidates(kernel, tilings, work)
     tensors = [storages[id(b)] for b in kernel.inputs] + [out]  # kept alive: the launch takes raw pointers
     args = launcher.arguments(tensors)

@@ -86,3 +86,12 @@ def interleaved_medians(variants: dict, rounds: int, calls: int, clock=time.perf
             samples[name].append(median_us(variants[name], calls, clock))
             time.sleep(0.02)
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def target_vector_bytes() -> int:
+    """The vector width (bytes) the CPU backend's templates compute in on this machine's
+    target ISA (``Limits.vector_bytes``: 64 with AVX-512F)."""
+    from aotpack import backends
+    from aotpack.config import Settings
+
+    return backends.get("cpu").limits(Settings.from_env()).vector_bytes

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aotpack.backends.cpu import conv_template  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
 from aotpack.kernel_ir import GEMM_PANEL, ConvKernel, pack_panels, pad_bias  # noqa: E402
-from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 #: ResNet-18's distinct convolutions at 224x224 (the stem, each stage's 3x3s, the strided
 #: 3x3s and 1x1 downsamples) and MobileNetV3-Small's larger 1x1s.
@@ -60,7 +60,7 @@ def _kernel(c, h, w, oc, k, s, p) -> ConvKernel:
 
 
 def _compile_template(kernel: ConvKernel, device_limit: int, work: Path):
-    tilings = conv_template.solve(kernel, device_limit)
+    tilings = conv_template.solve(kernel, device_limit, vector_bytes=target_vector_bytes())
     return compile_candidates(kernel, tilings, work), tilings
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aotpack.backends.cpu import gemm_template  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
 from aotpack.kernel_ir import GEMM_PANEL, GemmKernel, pack_panels, pad_bias  # noqa: E402
-from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 #: MxKxN of the bundled samples (mlp, transformer_block) and of the tiny BERT/LLaMA benchmarks.
 DEFAULT_SHAPES = ["32x512x2048", "32x2048x512", "128x256x768", "128x256x256", "128x1024x256", "64x256x688"]
@@ -38,7 +38,7 @@ def _compile_template(m: int, k: int, n: int, device_limit: int, work: Path):
                         (_buffer("a", (m, k)), _buffer("w", (-(-n // GEMM_PANEL), k, GEMM_PANEL)),
                          _buffer("bias", (-(-n // GEMM_PANEL) * GEMM_PANEL,))), (_buffer("out", (m, n)),),
                         has_bias=True, a_row_stride=k)
-    tilings = gemm_template.solve(kernel, device_limit)
+    tilings = gemm_template.solve(kernel, device_limit, vector_bytes=target_vector_bytes())
     return compile_candidates(kernel, tilings, work), tilings
 
 

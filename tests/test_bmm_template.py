@@ -68,7 +68,8 @@ def _tilings(kernel: BmmKernel) -> list[BmmTiling]:
     if bmm_template.direct_b(kernel):
         extra.append(bmm_template.tiling(kernel, 2, 3, False))
     extra.append(BmmTiling(block_dim=2, mr=2, mc=2, pack_b=True, workspace=2 * bmm_template.slot_bytes(kernel)))
-    return list(dict.fromkeys(bmm_template.solve(kernel, 2) + extra))
+    wide = [bmm_template.tiling(kernel, 2, 14, True, 64), bmm_template.tiling(kernel, 1, 8, True, 64)]  # AVX-512
+    return list(dict.fromkeys(bmm_template.solve(kernel, 2) + extra + wide))
 
 
 @pytest.mark.unit

@@ -10,7 +10,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from aotpack import autotune, gemm_cache, layout, reader
+from aotpack import autotune, backends, gemm_cache, layout, reader
 from aotpack.backends.cpu import gemm_template
 from aotpack.backends.cpu.gemm_template import GemmTiling
 from aotpack.config import Settings
@@ -81,6 +81,25 @@ def test_tilings_default_first_unique_and_within_the_device_limit():
     assert (longer.kc, longer.mc) == (512, 36)
 
 
+
+@pytest.mark.unit
+def test_avx512_tilings_take_taller_tiles_and_name_their_vector_width(monkeypatch):
+    big = _kernel(32, 2048, 512)
+    options = gemm_template.solve(big, 2, vector_bytes=64)
+    assert options[0] == GemmTiling(block_dim=2, mr=14, kc=2048, mc=42, vector_bytes=64)
+    assert {o.mr for o in options} == {8, 14} and {o.vector_bytes for o in options} == {64}
+    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=14;kc=2048;mc=42;vector_bytes=64"
+    assert options[0].kernel_key != GemmTiling(block_dim=2, mr=14, kc=2048, mc=42).kernel_key
+    # at one vector per row a 6-row tile is latency-bound: it costs as much as 8 rows
+    assert gemm_template.latency_rows(6, 14, 64) == 8 / 6 and gemm_template.latency_rows(6, 6, 32) == 1
+    source = gemm_template.render_kernel(big, options[0])
+    assert "#if defined(__AVX512F__)\n#define AP_VECTOR_BYTES 64\n#elif defined(__AVX__)\n#define AP_VECTOR_BYTES 32" in source
+    backend = backends.get("cpu")
+    for features, width in ((["avx2", "avx512f"], 64), (["avx", "avx2"], 32), (["sse4.2"], 16)):
+        monkeypatch.setattr(type(backend), "target", lambda self, settings, f=features: {"march": "x", "features": f})
+        assert backend.limits(Settings(device_limit=3)).vector_bytes == width
+    assert backend.solve(big, backend.limits(Settings(device_limit=3)), 1)[0].vector_bytes == 32  # SSE: AVX2 knobs
+
 @pytest.mark.unit
 def test_rows_split_into_tiles_of_balanced_heights():
     assert gemm_template.tile_heights(32, 6) == [6, 6, 5, 5, 5, 5]
@@ -137,7 +156,8 @@ def _tilings(kernel: GemmKernel) -> list[GemmTiling]:
     """The solver's, plus short k blocks (partial sums through out) and one-tile row groups."""
     extra = [GemmTiling(block_dim=2, mr=6, kc=4, mc=6), GemmTiling(block_dim=1, mr=5, kc=7, mc=10),
              GemmTiling(block_dim=2, mr=1, kc=kernel.k, mc=1)]
-    return list(dict.fromkeys(gemm_template.solve(kernel, 2) + extra))
+    wide = gemm_template.solve(kernel, 2, 3, vector_bytes=64)[::2]  # AVX-512: mr 14 and mr 8 (AVX2 code without it)
+    return list(dict.fromkeys(gemm_template.solve(kernel, 2) + extra + wide))
 
 
 

@@ -86,6 +86,7 @@ def test_aten_variant_keeps_the_epilogue_as_a_fused_kernel(zoo):
 
 SHARED = """
 import torch
+import torch.nn.functional as F
 
 
 class Shared(torch.nn.Module):

@@ -53,9 +53,12 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Limits:
-    """Resources kernels may use. device_limit: CPU cores or NPU AI cores (>= 1)."""
+    """Resources kernels may use. device_limit: CPU cores or NPU AI cores (>= 1);
+    vector_bytes: the widest vector register a template may compute in (bytes: 16 SSE,
+    32 AVX2, 64 AVX-512 on the CPU), offered to the solvers as a tiling knob."""
 
     device_limit: int
+    vector_bytes: int = 32
 
 
 class Toolchain(ABC):

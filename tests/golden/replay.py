@@ -29,6 +29,8 @@ MODELS = [
 ]
 #: Candidates depend on the device limit: pin it so the sources do not depend on the host.
 DEVICE_LIMIT = 4
+#: The templates' vector width follows the target ISA: pin an AVX2 one (``vector_bytes`` 32).
+TARGET_ISA = "x86-64-v3"
 SEPARATOR = "==== "
 
 
@@ -41,7 +43,7 @@ def generate(model: str) -> dict[str, str]:
     from aotpack.lowering import lower
 
     backend = backends.get("cpu")
-    settings = Settings(topn=10, device_limit=DEVICE_LIMIT, backend="cpu")
+    settings = Settings(topn=10, device_limit=DEVICE_LIMIT, backend="cpu", target_isa=TARGET_ISA)
     graph = lower(export_model(load_model_file(REPO / model)), backend.dtypes)
     sets = candidates.prepare(graph, backend, settings)
     sources = {}

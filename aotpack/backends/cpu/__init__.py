@@ -30,6 +30,9 @@ from aotpack.render import render
 #: and ``render_kernel``; every other kernel is a ``FusedKernel`` (``tiling``, ``renderer``).
 TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConvKernel: depthwise_template,
              BmmKernel: bmm_template}
+#: The templates whose register tile computes in AVX-512 vectors where the target has them
+#: (``vector_bytes`` 64, a knob of their tilings).
+WIDE_TEMPLATES = (gemm_template, conv_template, bmm_template)
 
 
 class CpuBackend(Backend):
@@ -39,8 +42,15 @@ class CpuBackend(Backend):
     dtypes = frozenset(C_TYPES)
     model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
 
+    def limits(self, settings) -> Limits:
+        """``device_limit`` from the settings; ``vector_bytes`` from the target ISA (64 where
+        it has AVX-512F)."""
+        return Limits(settings.device_limit, cost_model.vector_bytes(self.target(settings)["features"]))
+
     def solve(self, kernel, limits: Limits, count: int) -> list:
         template = TEMPLATES.get(type(kernel))
+        if template in WIDE_TEMPLATES:
+            return template.solve(kernel, limits.device_limit, count, vector_bytes=limits.vector_bytes)
         if template is not None:
             return template.solve(kernel, limits.device_limit, count)
         return tiling.solve(kernel, limits.device_limit, count)

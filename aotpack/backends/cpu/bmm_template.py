@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
-from aotpack.backends.cpu.gemm_template import (L2_BLOCK_BYTES, LATENCY_BOUND_ROWS, PARALLEL_MIN_FLOPS,
-                                                VECTOR_BYTES, tile_heights)
+from aotpack.backends.cpu.gemm_template import (L2_BLOCK_BYTES, PARALLEL_MIN_FLOPS,
+                                                VECTOR_BYTES, latency_rows, row_choices, tile_width, wide_speedup,
+                                                wide_suffix)
 from aotpack.config import MAX_TOPN
 from aotpack.kernel_ir import BmmKernel
 from aotpack.render import render
@@ -39,12 +40,13 @@ class BmmTiling(Candidate):
     mc: int
     pack_b: bool
     workspace: int = 0
+    vector_bytes: int = 32
 
     @property
     def tiling_repr(self) -> str:
         """``tiling_repr``: every knob, canonical."""
         return (f"cpu_bmm;block_dim={self.block_dim};mr={self.mr};mc={self.mc};"
-                f"b={'packed' if self.pack_b else 'direct'}")
+                f"b={'packed' if self.pack_b else 'direct'}{wide_suffix(self.vector_bytes)}")
 
 
 def slot_bytes(kernel: BmmKernel) -> int:
@@ -66,7 +68,7 @@ def _mc(kernel: BmmKernel, mr: int) -> int:
     return -(-tiles // groups) * mr
 
 
-def tiling(kernel: BmmKernel, block_dim: int, mr: int, pack_b: bool) -> BmmTiling:
+def tiling(kernel: BmmKernel, block_dim: int, mr: int, pack_b: bool, vector_bytes: int = VECTOR_BYTES) -> BmmTiling:
     """The tiling with these knobs, ``mc`` from ``_mc`` and the workspace it needs.
 
     Raises:
@@ -76,33 +78,37 @@ def tiling(kernel: BmmKernel, block_dim: int, mr: int, pack_b: bool) -> BmmTilin
         raise ValueError(f"{kernel.name}: b (strides {list(kernel.b_strides)}) cannot be read in place")
     packs = pack_b or kernel.n % kernel.panel != 0
     return BmmTiling(block_dim=block_dim, mr=mr, mc=_mc(kernel, mr), pack_b=pack_b,
-                     workspace=block_dim * slot_bytes(kernel) if packs else 0)
+                     workspace=block_dim * slot_bytes(kernel) if packs else 0, vector_bytes=vector_bytes)
 
 
-def solve(kernel: BmmKernel, device_limit: int, count: int = MAX_TOPN) -> list[BmmTiling]:
+def solve(kernel: BmmKernel, device_limit: int, count: int = MAX_TOPN,
+          vector_bytes: int = VECTOR_BYTES) -> list[BmmTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
 
-    The default: ``mr`` 6, ``b`` read in place where it can be, all ``device_limit``
-    threads unless the GEMM is under ``PARALLEL_MIN_FLOPS``. Then one knob at a time:
-    the other thread count, ``b`` packed, ``mr`` 4.
+    The default: ``mr`` from ``row_choices`` (6 AVX2, 14 AVX-512 at ``vector_bytes`` 64),
+    ``b`` read in place where it can be, all ``device_limit`` threads unless the GEMM is
+    under ``PARALLEL_MIN_FLOPS``. Then one knob at a time: the other thread count, ``b``
+    packed, the other ``mr``.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     pack = not direct_b(kernel)
-    options = [tiling(kernel, threads, 6, pack)]
+    vector_bytes = tile_width(vector_bytes)
+    mr, other_mr = row_choices(vector_bytes)
+    options = [tiling(kernel, threads, mr, pack, vector_bytes)]
     if device_limit > 1:
-        options.append(tiling(kernel, device_limit if threads == 1 else 1, 6, pack))
+        options.append(tiling(kernel, device_limit if threads == 1 else 1, mr, pack, vector_bytes))
     if not pack:
-        options.append(tiling(kernel, threads, 6, True))
-    options.append(tiling(kernel, threads, 4, pack))
+        options.append(tiling(kernel, threads, mr, True, vector_bytes))
+    options.append(tiling(kernel, threads, other_mr, pack, vector_bytes))
     unique = list(dict.fromkeys(options))
     return unique[:min(count, MAX_TOPN)]
 
 
 def estimate_us(kernel: BmmKernel, candidate: BmmTiling, gflops: float = 90.0) -> float:
     """Guess in us, as ``gemm_template.estimate_us``: flops at ``gflops`` per thread, a
-    tile under ``LATENCY_BOUND_ROWS`` rows costing as many, ~2 us per parallel region."""
-    rows = sum(max(h, LATENCY_BOUND_ROWS) for h in tile_heights(kernel.m, candidate.mr)) / kernel.m
-    compute = kernel.flops * rows / (gflops * 1e3 * candidate.block_dim)
+    tile under the latency bound (``latency_rows``) costing as many, ~2 us per parallel region."""
+    rows = latency_rows(kernel.m, candidate.mr, candidate.vector_bytes)
+    compute = kernel.flops * rows / (gflops * wide_speedup(candidate.vector_bytes) * 1e3 * candidate.block_dim)
     return compute + (2.0 if candidate.block_dim > 1 else 0.0)
 
 
@@ -118,7 +124,7 @@ def render_kernel(kernel: BmmKernel, candidate: BmmTiling) -> str:
     """C++ source of ``kernel`` compiled with ``candidate``."""
     return render("cpu_bmm.cpp.j2", tiling_repr=candidate.tiling_repr, batch_shape=kernel.batch_shape,
                   batch=kernel.batch, m=kernel.m, n=kernel.n, k=kernel.k, panel=kernel.panel,
-                  panels=kernel.panels, vector_bytes=VECTOR_BYTES, mr=candidate.mr, mc=candidate.mc,
+                  panels=kernel.panels, vector_bytes=candidate.vector_bytes, mr=candidate.mr, mc=candidate.mc,
                   block_dim=candidate.block_dim, pack_b=candidate.pack_b, workspace=candidate.workspace,
                   slot_floats=slot_bytes(kernel) // 4, a_offset=kernel.a_offset, a_strides=kernel.a_strides,
                   b_offset=kernel.b_offset, b_strides=kernel.b_strides, b_input=kernel.b_input,

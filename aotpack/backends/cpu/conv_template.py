@@ -25,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
-from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, LATENCY_BOUND_ROWS, LONG_K_BLOCK,
-                                                PARALLEL_MIN_FLOPS, VECTOR_BYTES, WHOLE_K_BLOCK_BYTES,
-                                                tile_heights)
+from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, LONG_K_BLOCK,
+                                                PARALLEL_MIN_FLOPS, WHOLE_K_BLOCK_BYTES,
+                                                VECTOR_BYTES, latency_rows, row_choices, tile_width, wide_speedup,
+                                                wide_suffix)
 from aotpack.config import MAX_TOPN
 from aotpack.kernel_ir import CONV_EPILOGUES, ConvKernel
 from aotpack.render import render
@@ -45,12 +46,13 @@ class ConvTiling(Candidate):
     kc: int
     layout: str = "nchw"
     workspace: int = 0
+    vector_bytes: int = 32
 
     @property
     def tiling_repr(self) -> str:
         """``tiling_repr``: every knob, canonical."""
         return (f"cpu_conv;block_dim={self.block_dim};mr={self.mr};mc={self.mc};kc={self.kc};"
-                f"layout={self.layout}")
+                f"layout={self.layout}{wide_suffix(self.vector_bytes)}")
 
     def copies(self, kernel: ConvKernel) -> bool:
         """Whether a launch copies the image first (padding, or the channels-last layout)."""
@@ -97,43 +99,48 @@ def _default_kc(kernel: ConvKernel) -> int:
 
 
 def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | None = None,
-                layout: str = "nchw") -> ConvTiling:
+                layout: str = "nchw", vector_bytes: int = VECTOR_BYTES) -> ConvTiling:
     """The tiling with these knobs, ``mc`` by default from ``_group_positions`` and the
     workspace it needs (``kc`` capped at C_in)."""
     kc = min(kc, kernel.x_shape[1])
     return ConvTiling(block_dim=block_dim, mr=mr, mc=mc or _group_positions(kernel, mr), kc=kc, layout=layout,
-                      workspace=image_region(kernel, layout) + partial_bytes(kernel, kc))
+                      workspace=image_region(kernel, layout) + partial_bytes(kernel, kc), vector_bytes=vector_bytes)
 
 
-def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN) -> list[ConvTiling]:
+def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
+          vector_bytes: int = VECTOR_BYTES) -> list[ConvTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
 
-    The default: ``mr`` 6, groups from ``_group_positions``, k blocks from
-    ``_default_kc``, all ``device_limit`` threads unless the convolution is under
-    ``PARALLEL_MIN_FLOPS``. Then one knob at a time: the other thread count, ``mr`` 4,
-    the whole K or blocks of half as many channels, one group of every tile.
+    The default: ``mr`` from ``row_choices`` (6 AVX2, 14 AVX-512 at ``vector_bytes`` 64),
+    groups from ``_group_positions``, k blocks from ``_default_kc``, all ``device_limit``
+    threads unless the convolution is under ``PARALLEL_MIN_FLOPS``. Then one knob at a
+    time: the channels-last layout, the other thread count, the other ``mr``, the whole K
+    or blocks of half as many channels, one group of every tile.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     c_in = kernel.x_shape[1]
     kc = _default_kc(kernel)
-    options = [make_tiling(kernel, threads, 6, kc), make_tiling(kernel, threads, 6, kc, layout="nhwc")]
+    vector_bytes = tile_width(vector_bytes)
+    mr, other_mr = row_choices(vector_bytes)
+    wide = {"vector_bytes": vector_bytes}
+    options = [make_tiling(kernel, threads, mr, kc, **wide), make_tiling(kernel, threads, mr, kc, layout="nhwc", **wide)]
     if device_limit > 1:
-        options.append(make_tiling(kernel, device_limit if threads == 1 else 1, 6, kc))
-    options.append(make_tiling(kernel, threads, 4, kc))
+        options.append(make_tiling(kernel, device_limit if threads == 1 else 1, mr, kc, **wide))
+    options.append(make_tiling(kernel, threads, other_mr, kc, **wide))
     other_kc = c_in if kc < c_in else (c_in // 2 if kernel.k >= 256 else 0)
     if other_kc:
-        options.append(make_tiling(kernel, threads, 6, other_kc))
-    options.append(make_tiling(kernel, threads, 6, kc, -(-kernel.m // 6) * 6))
+        options.append(make_tiling(kernel, threads, mr, other_kc, **wide))
+    options.append(make_tiling(kernel, threads, mr, kc, -(-kernel.m // mr) * mr, **wide))
     unique = list(dict.fromkeys(options))
     return unique[:min(count, MAX_TOPN)]
 
 
 def estimate_us(kernel: ConvKernel, tiling: ConvTiling, gflops: float = 80.0) -> float:
     """Guess in us: flops at ``gflops`` per thread (a little under the GEMM template's 90,
-    for the window reads), tiles under ``LATENCY_BOUND_ROWS`` positions costing as many,
+    for the window reads), tiles under the latency bound (``latency_rows``) costing as many,
     plus ~2 us per parallel region and the padded copy at ~10 GB/s."""
-    rows = sum(max(h, LATENCY_BOUND_ROWS) for h in tile_heights(kernel.m, tiling.mr)) / kernel.m
-    compute = kernel.flops * rows / (gflops * 1e3 * tiling.block_dim)
+    rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes)
+    compute = kernel.flops * rows / (gflops * wide_speedup(tiling.vector_bytes) * 1e3 * tiling.block_dim)
     copy = kernel.x_shape[0] * image_region(kernel, tiling.layout) / 10e3
     return compute + copy + (2.0 if tiling.block_dim > 1 else 0.0)
 
@@ -148,7 +155,7 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
     return render("cpu_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w, oh=oh, ow=ow,
                   kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, m=kernel.m, n=kernel.n, k=kernel.k,
-                  panel=kernel.panel, panels=kernel.panels, vector_bytes=VECTOR_BYTES, mr=tiling.mr,
+                  panel=kernel.panel, panels=kernel.panels, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
                   mc=tiling.mc, kc=tiling.kc, block_dim=tiling.block_dim, workspace=tiling.workspace,
                   padded_bytes=image_region(kernel, tiling.layout), partial_bytes=partial_bytes(kernel, tiling.kc),
                   nhwc=tiling.layout == "nhwc", copy=tiling.copies(kernel),

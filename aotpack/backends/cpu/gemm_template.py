@@ -40,6 +40,32 @@ L2_BLOCK_BYTES = 256 * 1024
 PARALLEL_MIN_FLOPS = 2_000_000
 
 
+#: (default mr, the other mr) per vector width. AVX2: 6 rows x 2 vectors = 12 accumulators
+#: + 2 weight vectors + 1 broadcast of the 16 registers. AVX-512 (one vector per 16-column
+#: panel, 32 registers): 14 rows; measured here (Zen 5, 1 thread, interleaved) at
+#: 32x512x2048 / 128x256x768 / 196x384x1536: 350 / 277 / 1185 us at mr 14, 384 / 292 / 1238
+#: at mr 8, 626 / 444 / 2112 for the AVX2 kernel, oneDNN 361 / 258 / 1075.
+ROW_CHOICES = {32: (6, 4), 64: (14, 8)}
+
+
+def tile_width(vector_bytes: int) -> int:
+    """The vector width a template tiling names for a target of ``vector_bytes``: 64 with
+    AVX-512, else 32 (the template itself falls back to SSE where the target lacks AVX)."""
+    return 64 if vector_bytes >= 64 else VECTOR_BYTES
+
+
+def row_choices(vector_bytes: int) -> tuple[int, int]:
+    """(default ``mr``, the other ``mr``) of a register tile computing in ``vector_bytes``
+    vectors."""
+    return ROW_CHOICES[tile_width(vector_bytes)]
+
+
+def wide_suffix(vector_bytes: int) -> str:
+    """The ``tiling_repr`` part of the vector-width knob: none at the AVX2 default (so the
+    AVX2 kernels keep their ``kernel_key``s), ``;vector_bytes=64`` for AVX-512."""
+    return "" if vector_bytes == VECTOR_BYTES else f";vector_bytes={vector_bytes}"
+
+
 @dataclass(frozen=True)
 class GemmTiling(Candidate):
     """Knobs of one GEMM template static kernel (see the module docstring)."""
@@ -49,11 +75,13 @@ class GemmTiling(Candidate):
     kc: int
     mc: int
     workspace: int = 0
+    vector_bytes: int = 32
 
     @property
     def tiling_repr(self) -> str:
         """``tiling_repr``: every knob, canonical."""
-        return f"cpu_gemm;block_dim={self.block_dim};mr={self.mr};kc={self.kc};mc={self.mc}"
+        return (f"cpu_gemm;block_dim={self.block_dim};mr={self.mr};kc={self.kc};mc={self.mc}"
+                f"{wide_suffix(self.vector_bytes)}")
 
 
 def _default_kc(kernel: GemmKernel) -> int:
@@ -71,26 +99,30 @@ def _default_mc(kernel: GemmKernel, kc: int, mr: int) -> int:
     return -(-tiles // groups) * mr
 
 
-def _tiling(kernel: GemmKernel, block_dim: int, mr: int, kc: int) -> GemmTiling:
-    return GemmTiling(block_dim=block_dim, mr=mr, kc=kc, mc=_default_mc(kernel, kc, mr))
+def _tiling(kernel: GemmKernel, block_dim: int, mr: int, kc: int, vector_bytes: int) -> GemmTiling:
+    return GemmTiling(block_dim=block_dim, mr=mr, kc=kc, mc=_default_mc(kernel, kc, mr), vector_bytes=vector_bytes)
 
 
-def solve(kernel: GemmKernel, device_limit: int, count: int = MAX_TOPN) -> list[GemmTiling]:
+def solve(kernel: GemmKernel, device_limit: int, count: int = MAX_TOPN,
+          vector_bytes: int = VECTOR_BYTES) -> list[GemmTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
 
-    The default: ``mr`` 6, ``kc`` from ``_default_kc``, ``mc`` from ``_default_mc``, all
-    ``device_limit`` threads unless the GEMM is under ``PARALLEL_MIN_FLOPS``. Then one
-    knob at a time: the other thread count, ``mr`` 4, the whole K or a shorter k block.
+    The default: ``mr`` from ``row_choices`` (6 AVX2, 14 AVX-512 at ``vector_bytes`` 64),
+    ``kc`` from ``_default_kc``, ``mc`` from ``_default_mc``, all ``device_limit`` threads
+    unless the GEMM is under ``PARALLEL_MIN_FLOPS``. Then one knob at a time: the other
+    thread count, the other ``mr`` (4 / 8), the whole K or a shorter k block.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     kc = _default_kc(kernel)
-    options = [_tiling(kernel, threads, 6, kc)]
+    vector_bytes = tile_width(vector_bytes)
+    mr, other_mr = row_choices(vector_bytes)
+    options = [_tiling(kernel, threads, mr, kc, vector_bytes)]
     if device_limit > 1:
-        options.append(_tiling(kernel, device_limit if threads == 1 else 1, 6, kc))
-    options.append(_tiling(kernel, threads, 4, kc))
+        options.append(_tiling(kernel, device_limit if threads == 1 else 1, mr, kc, vector_bytes))
+    options.append(_tiling(kernel, threads, other_mr, kc, vector_bytes))
     other_kc = kernel.k if kc < kernel.k else (kc // 2 if kc >= 128 else 0)
     if other_kc:
-        options.append(_tiling(kernel, threads, 6, other_kc))
+        options.append(_tiling(kernel, threads, mr, other_kc, vector_bytes))
     unique = list(dict.fromkeys(options))
     return unique[:min(count, MAX_TOPN)]
 
@@ -115,9 +147,23 @@ def estimate_us(kernel: GemmKernel, tiling: GemmTiling, gflops: float = 90.0) ->
     here, `benchmarks/gemm_template.py` and an interleaved C++ harness: 90-99 GFLOPS at the
     sample shapes, Zen 3 at 104 GFLOPS peak), a tile under ``LATENCY_BOUND_ROWS`` rows
     costing as many, plus ~2 us per parallel region."""
-    rows = sum(max(h, LATENCY_BOUND_ROWS) for h in tile_heights(kernel.m, tiling.mr)) / kernel.m
-    compute = kernel.flops * rows / (gflops * 1e3 * tiling.block_dim)
+    rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes)
+    compute = kernel.flops * rows / (gflops * wide_speedup(tiling.vector_bytes) * 1e3 * tiling.block_dim)
     return compute + (2.0 if tiling.block_dim > 1 else 0.0)
+
+
+def latency_rows(m: int, mr: int, vector_bytes: int) -> float:
+    """Rows a tile costs per row it computes: a tile under the latency bound costs as many
+    as the bound (``LATENCY_BOUND_ROWS`` at two vectors per row; twice as many rows at one
+    vector per row, AVX-512)."""
+    bound = LATENCY_BOUND_ROWS * (2 if vector_bytes >= 64 else 1)
+    return sum(max(h, bound) for h in tile_heights(m, mr)) / m
+
+
+def wide_speedup(vector_bytes: int) -> float:
+    """The template's speed at ``vector_bytes`` over AVX2 (1.6x measured at AVX-512 on Zen 5,
+    the numbers at ``ROW_CHOICES``)."""
+    return 1.6 if vector_bytes >= 64 else 1.0
 
 
 _EPILOGUE_CPP = {
@@ -137,7 +183,7 @@ _EPILOGUE_CPP = {
 def render_kernel(kernel: GemmKernel, tiling: GemmTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling``."""
     return render("cpu_gemm.cpp.j2", tiling_repr=tiling.tiling_repr, m=kernel.m, n=kernel.n, k=kernel.k,
-                  panel=kernel.panel, panels=kernel.panels, vector_bytes=VECTOR_BYTES, mr=tiling.mr,
+                  panel=kernel.panel, panels=kernel.panels, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
                   kc=min(tiling.kc, kernel.k), mc=tiling.mc, block_dim=tiling.block_dim,
                   a_offset=kernel.a_offset, a_row_stride=kernel.a_row_stride, has_bias=kernel.has_bias,
                   has_residual=kernel.epilogue == "add", residual_offset=kernel.residual_offset,
