@@ -125,6 +125,7 @@ def _tilings(kernel: ConvKernel) -> list[ConvTiling]:
     extra = [conv_template.make_tiling(kernel, 2, 6, 3, 6), conv_template.make_tiling(kernel, 1, 5, 64, 10),
              conv_template.make_tiling(kernel, 2, 1, 2, 1), conv_template.make_tiling(kernel, 2, 4, 3, 8, "nhwc")]
     wide = [conv_template.make_tiling(kernel, 2, 14, 3, vector_bytes=64),  # AVX-512 (AVX2 code without it)
+            conv_template.make_tiling(kernel, 2, 10, 3, vector_bytes=64, nr=32),
             conv_template.make_tiling(kernel, 1, 8, kernel.x_shape[1], layout="nhwc", vector_bytes=64)]
     return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra + wide))
 

@@ -86,12 +86,14 @@ def test_tilings_default_first_unique_and_within_the_device_limit():
 def test_avx512_tilings_take_taller_tiles_and_name_their_vector_width(monkeypatch):
     big = _kernel(32, 2048, 512)
     options = gemm_template.solve(big, 2, vector_bytes=64)
-    assert options[0] == GemmTiling(block_dim=2, mr=14, kc=2048, mc=42, vector_bytes=64)
-    assert {o.mr for o in options} == {8, 14} and {o.vector_bytes for o in options} == {64}
-    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=14;kc=2048;mc=42;vector_bytes=64"
-    assert options[0].kernel_key != GemmTiling(block_dim=2, mr=14, kc=2048, mc=42).kernel_key
-    # at one vector per row a 6-row tile is latency-bound: it costs as much as 8 rows
+    assert options[0] == GemmTiling(block_dim=2, mr=10, kc=2048, mc=40, vector_bytes=64, nr=32)
+    assert {(o.mr, o.nr) for o in options} == {(10, 32), (14, 16)} and {o.vector_bytes for o in options} == {64}
+    assert options[0].tiling_repr == "cpu_gemm;block_dim=2;mr=10;kc=2048;mc=40;vector_bytes=64;nr=32"
+    assert options[0].kernel_key != GemmTiling(block_dim=2, mr=10, kc=2048, mc=40, nr=32).kernel_key
+    assert gemm_template.solve(_kernel(8, 64, 16), 1, vector_bytes=64)[0].nr == 16  # one panel: no pair
+    # at one vector per row (16 columns of AVX-512) a 6-row tile is latency-bound: it costs 8 rows
     assert gemm_template.latency_rows(6, 14, 64) == 8 / 6 and gemm_template.latency_rows(6, 6, 32) == 1
+    assert gemm_template.latency_rows(6, 10, 64, 32) == 1
     source = gemm_template.render_kernel(big, options[0])
     assert "#if defined(__AVX512F__)\n#define AP_VECTOR_BYTES 64\n#elif defined(__AVX__)\n#define AP_VECTOR_BYTES 32" in source
     backend = backends.get("cpu")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from aotpack.backends.base import Candidate
 from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, LONG_K_BLOCK,
                                                 PARALLEL_MIN_FLOPS, WHOLE_K_BLOCK_BYTES,
-                                                VECTOR_BYTES, latency_rows, row_choices, tile_width, wide_speedup,
+                                                VECTOR_BYTES, latency_rows, tile_choices, tile_width, wide_speedup,
                                                 wide_suffix)
 from aotpack.config import MAX_TOPN
 from aotpack.kernel_ir import CONV_EPILOGUES, ConvKernel
@@ -47,12 +47,14 @@ class ConvTiling(Candidate):
     layout: str = "nchw"
     workspace: int = 0
     vector_bytes: int = 32
+    nr: int = 16
 
     @property
     def tiling_repr(self) -> str:
-        """``tiling_repr``: every knob, canonical."""
+        """``tiling_repr``: every knob, canonical (``vector_bytes`` and ``nr`` only off their
+        AVX2 defaults)."""
         return (f"cpu_conv;block_dim={self.block_dim};mr={self.mr};mc={self.mc};kc={self.kc};"
-                f"layout={self.layout}{wide_suffix(self.vector_bytes)}")
+                f"layout={self.layout}{wide_suffix(self.vector_bytes)}{'' if self.nr == 16 else f';nr={self.nr}'}")
 
     def copies(self, kernel: ConvKernel) -> bool:
         """Whether a launch copies the image first (padding, or the channels-last layout)."""
@@ -99,19 +101,21 @@ def _default_kc(kernel: ConvKernel) -> int:
 
 
 def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | None = None,
-                layout: str = "nchw", vector_bytes: int = VECTOR_BYTES) -> ConvTiling:
+                layout: str = "nchw", vector_bytes: int = VECTOR_BYTES, nr: int = 16) -> ConvTiling:
     """The tiling with these knobs, ``mc`` by default from ``_group_positions`` and the
     workspace it needs (``kc`` capped at C_in)."""
     kc = min(kc, kernel.x_shape[1])
     return ConvTiling(block_dim=block_dim, mr=mr, mc=mc or _group_positions(kernel, mr), kc=kc, layout=layout,
-                      workspace=image_region(kernel, layout) + partial_bytes(kernel, kc), vector_bytes=vector_bytes)
+                      workspace=image_region(kernel, layout) + partial_bytes(kernel, kc), vector_bytes=vector_bytes,
+                      nr=nr if kernel.panels > 1 else 16)
 
 
 def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
           vector_bytes: int = VECTOR_BYTES) -> list[ConvTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
 
-    The default: ``mr`` from ``row_choices`` (6 AVX2, 14 AVX-512 at ``vector_bytes`` 64),
+    The default: the register tile (``mr`` x ``nr``) from ``tile_choices`` (6 x 16 AVX2,
+    10 x 32 AVX-512 at ``vector_bytes`` 64),
     groups from ``_group_positions``, k blocks from ``_default_kc``, all ``device_limit``
     threads unless the convolution is under ``PARALLEL_MIN_FLOPS``. Then one knob at a
     time: the channels-last layout, the other thread count, the other ``mr``, the whole K
@@ -121,12 +125,12 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     c_in = kernel.x_shape[1]
     kc = _default_kc(kernel)
     vector_bytes = tile_width(vector_bytes)
-    mr, other_mr = row_choices(vector_bytes)
-    wide = {"vector_bytes": vector_bytes}
+    (mr, nr), (other_mr, other_nr) = tile_choices(vector_bytes)
+    wide = {"vector_bytes": vector_bytes, "nr": nr}
     options = [make_tiling(kernel, threads, mr, kc, **wide), make_tiling(kernel, threads, mr, kc, layout="nhwc", **wide)]
     if device_limit > 1:
         options.append(make_tiling(kernel, device_limit if threads == 1 else 1, mr, kc, **wide))
-    options.append(make_tiling(kernel, threads, other_mr, kc, **wide))
+    options.append(make_tiling(kernel, threads, other_mr, kc, vector_bytes=vector_bytes, nr=other_nr))
     other_kc = c_in if kc < c_in else (c_in // 2 if kernel.k >= 256 else 0)
     if other_kc:
         options.append(make_tiling(kernel, threads, mr, other_kc, **wide))
@@ -139,7 +143,7 @@ def estimate_us(kernel: ConvKernel, tiling: ConvTiling, gflops: float = 80.0) ->
     """Guess in us: flops at ``gflops`` per thread (a little under the GEMM template's 90,
     for the window reads), tiles under the latency bound (``latency_rows``) costing as many,
     plus ~2 us per parallel region and the padded copy at ~10 GB/s."""
-    rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes)
+    rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes, tiling.nr)
     compute = kernel.flops * rows / (gflops * wide_speedup(tiling.vector_bytes) * 1e3 * tiling.block_dim)
     copy = kernel.x_shape[0] * image_region(kernel, tiling.layout) / 10e3
     return compute + copy + (2.0 if tiling.block_dim > 1 else 0.0)
@@ -156,7 +160,7 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     return render("cpu_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w, oh=oh, ow=ow,
                   kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, m=kernel.m, n=kernel.n, k=kernel.k,
                   panel=kernel.panel, panels=kernel.panels, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
-                  mc=tiling.mc, kc=tiling.kc, block_dim=tiling.block_dim, workspace=tiling.workspace,
+                  mc=tiling.mc, kc=tiling.kc, block_dim=tiling.block_dim, workspace=tiling.workspace, nr=tiling.nr,
                   padded_bytes=image_region(kernel, tiling.layout), partial_bytes=partial_bytes(kernel, tiling.kc),
                   nhwc=tiling.layout == "nhwc", copy=tiling.copies(kernel),
                   x_offset=kernel.x_offset, has_bias=kernel.has_bias,

@@ -40,12 +40,19 @@ L2_BLOCK_BYTES = 256 * 1024
 PARALLEL_MIN_FLOPS = 2_000_000
 
 
-#: (default mr, the other mr) per vector width. AVX2: 6 rows x 2 vectors = 12 accumulators
-#: + 2 weight vectors + 1 broadcast of the 16 registers. AVX-512 (one vector per 16-column
-#: panel, 32 registers): 14 rows; measured here (Zen 5, 1 thread, interleaved) at
-#: 32x512x2048 / 128x256x768 / 196x384x1536: 350 / 277 / 1185 us at mr 14, 384 / 292 / 1238
-#: at mr 8, 626 / 444 / 2112 for the AVX2 kernel, oneDNN 361 / 258 / 1075.
+#: (default mr, the other mr) of a 16-column tile (one panel) per vector width. AVX2: 6
+#: rows x 2 vectors = 12 accumulators + 2 weight vectors + 1 broadcast of the 16
+#: registers. AVX-512 (one vector per panel, 32 registers): 14 rows; measured here (Zen 5,
+#: 1 thread, interleaved) at 32x512x2048 / 128x256x768 / 196x384x1536: 350 / 277 / 1185 us
+#: at mr 14, 384 / 292 / 1238 at mr 8, 626 / 444 / 2112 for the AVX2 kernel, oneDNN 361 /
+#: 258 / 1075.
 ROW_CHOICES = {32: (6, 4), 64: (14, 8)}
+#: ((mr, nr) default, (mr, nr) other) per vector width, nr the tile's columns (16 or 32:
+#: one or two panels). AVX-512's default is 10 x 32 (20 accumulators; per k 10 broadcasts
+#: and 2 weight loads feed 20 FMAs, where 14 x 16 needs 15 loads for 14): measured as
+#: above at 32x512x2048 / 128x256x768 / 196x384x1536 / 49x4608x512: 287 / 225 / 1037 /
+#: 1044 us against 317 / 257 / 1182 / 1186 at 14 x 16 and oneDNN's 340 / 241 / 1063 / 1098.
+TILE_CHOICES = {32: ((6, 16), (4, 16)), 64: ((10, 32), (14, 16))}
 
 
 def tile_width(vector_bytes: int) -> int:
@@ -58,6 +65,11 @@ def row_choices(vector_bytes: int) -> tuple[int, int]:
     """(default ``mr``, the other ``mr``) of a register tile computing in ``vector_bytes``
     vectors."""
     return ROW_CHOICES[tile_width(vector_bytes)]
+
+
+def tile_choices(vector_bytes: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((mr, nr) of the default register tile, (mr, nr) of the other) at ``vector_bytes``."""
+    return TILE_CHOICES[tile_width(vector_bytes)]
 
 
 def wide_suffix(vector_bytes: int) -> str:
@@ -76,12 +88,14 @@ class GemmTiling(Candidate):
     mc: int
     workspace: int = 0
     vector_bytes: int = 32
+    nr: int = 16
 
     @property
     def tiling_repr(self) -> str:
-        """``tiling_repr``: every knob, canonical."""
+        """``tiling_repr``: every knob, canonical (``nr`` and ``vector_bytes`` only off their
+        AVX2 defaults, so those kernels keep their ``kernel_key``s)."""
         return (f"cpu_gemm;block_dim={self.block_dim};mr={self.mr};kc={self.kc};mc={self.mc}"
-                f"{wide_suffix(self.vector_bytes)}")
+                f"{wide_suffix(self.vector_bytes)}{'' if self.nr == 16 else f';nr={self.nr}'}")
 
 
 def _default_kc(kernel: GemmKernel) -> int:
@@ -99,30 +113,33 @@ def _default_mc(kernel: GemmKernel, kc: int, mr: int) -> int:
     return -(-tiles // groups) * mr
 
 
-def _tiling(kernel: GemmKernel, block_dim: int, mr: int, kc: int, vector_bytes: int) -> GemmTiling:
-    return GemmTiling(block_dim=block_dim, mr=mr, kc=kc, mc=_default_mc(kernel, kc, mr), vector_bytes=vector_bytes)
+def _tiling(kernel: GemmKernel, block_dim: int, tile: tuple[int, int], kc: int, vector_bytes: int) -> GemmTiling:
+    mr, nr = tile
+    return GemmTiling(block_dim=block_dim, mr=mr, kc=kc, mc=_default_mc(kernel, kc, mr), vector_bytes=vector_bytes,
+                      nr=nr if kernel.panels > 1 else 16)
 
 
 def solve(kernel: GemmKernel, device_limit: int, count: int = MAX_TOPN,
           vector_bytes: int = VECTOR_BYTES) -> list[GemmTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
 
-    The default: ``mr`` from ``row_choices`` (6 AVX2, 14 AVX-512 at ``vector_bytes`` 64),
-    ``kc`` from ``_default_kc``, ``mc`` from ``_default_mc``, all ``device_limit`` threads
-    unless the GEMM is under ``PARALLEL_MIN_FLOPS``. Then one knob at a time: the other
-    thread count, the other ``mr`` (4 / 8), the whole K or a shorter k block.
+    The default: the register tile (``mr`` x ``nr``) from ``tile_choices`` (6 x 16 AVX2,
+    10 x 32 AVX-512 at ``vector_bytes`` 64), ``kc`` from ``_default_kc``, ``mc`` from
+    ``_default_mc``, all ``device_limit`` threads unless the GEMM is under
+    ``PARALLEL_MIN_FLOPS``. Then one knob at a time: the other thread count, the other
+    tile (4 x 16 / 14 x 16), the whole K or a shorter k block.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     kc = _default_kc(kernel)
     vector_bytes = tile_width(vector_bytes)
-    mr, other_mr = row_choices(vector_bytes)
-    options = [_tiling(kernel, threads, mr, kc, vector_bytes)]
+    tile, other_tile = tile_choices(vector_bytes)
+    options = [_tiling(kernel, threads, tile, kc, vector_bytes)]
     if device_limit > 1:
-        options.append(_tiling(kernel, device_limit if threads == 1 else 1, mr, kc, vector_bytes))
-    options.append(_tiling(kernel, threads, other_mr, kc, vector_bytes))
+        options.append(_tiling(kernel, device_limit if threads == 1 else 1, tile, kc, vector_bytes))
+    options.append(_tiling(kernel, threads, other_tile, kc, vector_bytes))
     other_kc = kernel.k if kc < kernel.k else (kc // 2 if kc >= 128 else 0)
     if other_kc:
-        options.append(_tiling(kernel, threads, mr, other_kc, vector_bytes))
+        options.append(_tiling(kernel, threads, tile, other_kc, vector_bytes))
     unique = list(dict.fromkeys(options))
     return unique[:min(count, MAX_TOPN)]
 
@@ -147,16 +164,17 @@ def estimate_us(kernel: GemmKernel, tiling: GemmTiling, gflops: float = 90.0) ->
     here, `benchmarks/gemm_template.py` and an interleaved C++ harness: 90-99 GFLOPS at the
     sample shapes, Zen 3 at 104 GFLOPS peak), a tile under ``LATENCY_BOUND_ROWS`` rows
     costing as many, plus ~2 us per parallel region."""
-    rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes)
+    rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes, tiling.nr)
     compute = kernel.flops * rows / (gflops * wide_speedup(tiling.vector_bytes) * 1e3 * tiling.block_dim)
     return compute + (2.0 if tiling.block_dim > 1 else 0.0)
 
 
-def latency_rows(m: int, mr: int, vector_bytes: int) -> float:
+def latency_rows(m: int, mr: int, vector_bytes: int, nr: int = 16) -> float:
     """Rows a tile costs per row it computes: a tile under the latency bound costs as many
-    as the bound (``LATENCY_BOUND_ROWS`` at two vectors per row; twice as many rows at one
-    vector per row, AVX-512)."""
-    bound = LATENCY_BOUND_ROWS * (2 if vector_bytes >= 64 else 1)
+    as the bound (``LATENCY_BOUND_ROWS`` at two vectors per row, as AVX2's 16 columns or
+    AVX-512's 32; twice as many rows at one vector per row, AVX-512's 16 columns)."""
+    vectors = max(1, nr * 4 // tile_width(vector_bytes))
+    bound = LATENCY_BOUND_ROWS * 2 // min(vectors, 2)
     return sum(max(h, bound) for h in tile_heights(m, mr)) / m
 
 
@@ -184,7 +202,7 @@ def render_kernel(kernel: GemmKernel, tiling: GemmTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling``."""
     return render("cpu_gemm.cpp.j2", tiling_repr=tiling.tiling_repr, m=kernel.m, n=kernel.n, k=kernel.k,
                   panel=kernel.panel, panels=kernel.panels, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
-                  kc=min(tiling.kc, kernel.k), mc=tiling.mc, block_dim=tiling.block_dim,
+                  kc=min(tiling.kc, kernel.k), mc=tiling.mc, block_dim=tiling.block_dim, nr=tiling.nr,
                   a_offset=kernel.a_offset, a_row_stride=kernel.a_row_stride, has_bias=kernel.has_bias,
                   has_residual=kernel.epilogue == "add", residual_offset=kernel.residual_offset,
                   residual_row_stride=kernel.residual_row_stride, epilogue=kernel.epilogue,
