@@ -197,13 +197,14 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         with progress.phase("autotune", "autotuning on the real inputs (PGO)"):
             captured = {} if settings.debug_dir else None
             gemm_root = settings.cache_dir / backend.name / "gemm"
-            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, settings.device_limit)
+            versions = gemm_cache.kernel_versions(sets, toolchain.fingerprint())
+            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, settings.device_limit, versions)
             recorded.update(replayed or {})
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
                 on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured,
                 recorded=recorded)
-            gemm_cache.write_all(gemm_root, graph, choices, settings.device_limit)
+            gemm_cache.write_all(gemm_root, graph, choices, settings.device_limit, versions)
         gemm_entries = gemm.manifest_entries(graph, choices)
         graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
         used = {k.kernel_id for k in graph.kernels}
