@@ -20,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops, views
+from aotpack import bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops, pooling, views
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
@@ -276,6 +276,8 @@ class Lowerer:
             return self._cat(node)
         if op is torch.ops.aten.flip.default:
             return self._flip(node)
+        if op is torch.ops.aten.max_pool2d_with_indices.default:
+            return self._max_pool(node)
         if op in ops.COPIES:
             return self._copy(node)
         if op in ops.UNARY:
@@ -677,6 +679,19 @@ class Lowerer:
         source = self._reindexed_operand(node.args[0])
         shape = tuple(_meta(node).shape)
         return self._remap(source, shape, views.flip_index_map(shape, node.args[1]))
+
+    def _max_pool(self, node):
+        """``max_pool2d`` whose indices are unread: (values as a lazy value, no indices);
+        None (an ATen call) otherwise (``pooling``)."""
+        source = self._reindexed_operand(node.args[0])
+        params = pooling.pool_params([self._operand(a) for a in node.args[1:]])
+        if params is None or not pooling.is_values_only(node) or not pooling.supported(source):
+            return None
+        kernel, stride, padding, dilation = params
+        bordered = pooling.padded(source, padding)
+        if padding != (0, 0):
+            self.realize(bordered)  # one copy with the -inf border: the pool's reads need no bounds checks
+        return pooling.max_pool2d(bordered, tuple(_meta(node)[0].shape), kernel, stride, dilation), None
 
     def _cat(self, node):
         """``torch.cat`` as a lazy value: element ``index`` is read from the input whose

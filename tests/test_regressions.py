@@ -95,3 +95,18 @@ def test_state_across_runs_matches_eager_and_outputs_never_alias_the_model(build
                 np.testing.assert_allclose(ours.astype(np.float64), ref.detach().double().numpy(), atol=1e-6)
     finally:
         native.close()
+
+
+def test_max_pool_is_fused_unless_its_indices_are_read(build_model, tmp_path):
+    from aotpack import backends
+    from aotpack.export import export_model, load_model_file
+    from aotpack.lowering import lower
+
+    path = MODELS / "max_pool.py"
+    result = build_model(path)
+    assert_native_parity(result.archive, path, tmp_path)  # NaN and -inf compared as eager gives them
+    graph = lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
+    assert [str(call.op) for call in graph.extern_calls()] == ["aten.max_pool2d_with_indices.default"]  # indices read
+    names = [kernel.name for kernel in graph.kernels]
+    assert sum("max_pool2d" in name for name in names) == 4  # each pool one kernel, its -inf border another
+    assert sum("pad" in name for name in names) == 3 and not any("pad" in n and "max_pool2d" in n for n in names)
