@@ -273,7 +273,7 @@ class PythonModeRun:
             if attempts > 1:
                 detail.info("%s: re-timed, %d attempts (preempted or disagreeing samples)", name, attempts)
             best = decision.index
-            c.folder.write_choice(list(cs.candidates), best, list(decision.estimates_us), decision.contended)
+            c.folder.write_choice(list(cs.candidates), best, list(decision.estimates_us), decision.contended, cs.sources)
             self.winners[kid] = best
             self.timings[kid] = decision.estimates_us
             self._launcher(kid).release(cs.candidates[best].kernel_key)
@@ -345,7 +345,7 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
         elif kid in runner.timings:
             choices[kid] = Choice(runner.winners[kid], runner.timings[kid], True, False, kid in runner.contended)
         elif kid in visited:  # one candidate: straight to optimize_tiling, no profiling
-            c.folder.write_choice(list(c.candidate_set.candidates), 0, [])
+            c.folder.write_choice(list(c.candidate_set.candidates), 0, [], sources=c.candidate_set.sources)
             choices[kid] = Choice(0, (), True, False)
         else:  # not recorded: a later build whose inputs reach it will tune it
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)

@@ -7,7 +7,7 @@ Layout (under ``AOTPACK_CACHE_DIR``)::
         static_kernel/<kernel_key>/     kernel.cpp + kernel.so of one candidate
         wrapper.cpp, wrapper.so         kernel_key -> TilingInfo map of the timed candidates
         optimize_tiling                 "tiling_repr|workspace|block_dim" of the winner
-        timings.json                    the candidates it was chosen among, with timings (us)
+        timings.json                    the candidates it was chosen among (and a digest of their sources), with timings (us)
         ship/<source hash>/wrapper.so   the shipped wrapper: the winner's TilingInfo only
         <binary>.sha256                 "sha256 size" of every binary, written with it
     <cache>/<backend>/binaries/<source + toolchain hash>/lib.so, source.cpp
@@ -249,9 +249,10 @@ class KernelFolder:
         """``{"candidates": [kernel_key...], "timings_us": [...], "contended": bool}`` of the choice."""
         return self.path / "timings.json"
 
-    def read_choice(self, candidates: list) -> tuple[int, list[float], bool] | None:
+    def read_choice(self, candidates: list, sources: tuple = ()) -> tuple[int, list[float], bool] | None:
         """(winner index, timings, whether the timing was contended) recorded for exactly
-        these candidates, if any."""
+        these candidates compiled from these ``sources`` (a changed template or math header
+        times them again), if any."""
         try:
             text = self.optimize_tiling.read_text().strip()
             record = json.loads(self.timings.read_text())
@@ -260,16 +261,20 @@ class KernelFolder:
         keys = [c.kernel_key for c in candidates]
         if not isinstance(record, dict) or record.get("candidates") != keys:
             return None
+        if record.get("sources", "") != (digest(*sources) if sources else ""):
+            return None
         for index, candidate in enumerate(candidates):
             if candidate.optimize_tiling == text:
                 timings = record.get("timings_us")
                 return index, (timings if isinstance(timings, list) else []), record.get("contended") is True
         return None
 
-    def write_choice(self, candidates: list, index: int, timings_us: list[float], contended: bool = False) -> None:
-        """Record the winner (``optimize_tiling``), what it was chosen among, and whether
-        other processes disturbed its timing (``aotpack.timing``)."""
-        record = {"candidates": [c.kernel_key for c in candidates],
+    def write_choice(self, candidates: list, index: int, timings_us: list[float], contended: bool = False,
+                     sources: tuple = ()) -> None:
+        """Record the winner (``optimize_tiling``), what it was chosen among (the candidates
+        and a digest of their ``sources``), and whether other processes disturbed its timing
+        (``aotpack.timing``)."""
+        record = {"candidates": [c.kernel_key for c in candidates], "sources": digest(*sources) if sources else "",
                   "timings_us": [round(t, 3) for t in timings_us], "contended": bool(contended)}
         write_atomic(self.timings, json.dumps(record))
         write_atomic(self.optimize_tiling, candidates[index].optimize_tiling + "\n")

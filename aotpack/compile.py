@@ -125,7 +125,7 @@ def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFo
         folder = folders[kid]
         for path in [folder.path, *(folder.static_kernel(c.kernel_key) for c in cs.candidates)]:
             leftovers.remove_dead(path)  # temp files of killed builds
-        choice = None if settings.retune else folder.read_choice(list(cs.candidates))
+        choice = None if settings.retune else folder.read_choice(list(cs.candidates), cs.sources)
         compiled[kid] = CompiledSet(cs, folder, choice)
     jobs = [job for c in compiled.values() for job in _jobs(c, toolchain)]
     return compiled, run_parallel(jobs, store, settings.compile_threads, on_done)

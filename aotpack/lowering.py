@@ -688,10 +688,10 @@ class Lowerer:
         if params is None or not pooling.is_values_only(node) or not pooling.supported(source):
             return None
         kernel, stride, padding, dilation = params
-        bordered = pooling.padded(source, padding)
-        if padding != (0, 0):
-            self.realize(bordered)  # one copy with the -inf border: the pool's reads need no bounds checks
-        return pooling.max_pool2d(bordered, tuple(_meta(node)[0].shape), kernel, stride, dilation), None
+        staged = pooling.phase_split(pooling.padded(source, padding), stride[1])
+        if padding != (0, 0) or stride[1] > 1:
+            self.realize(staged)  # one copy: the -inf border and the column phases
+        return pooling.max_pool2d(staged, tuple(_meta(node)[0].shape), kernel, stride, dilation), None
 
     def _cat(self, node):
         """``torch.cat`` as a lazy value: element ``index`` is read from the input whose

@@ -4,8 +4,10 @@ ATen's NCHW ``max_pool2d_with_indices`` is a scalar loop (6.7 ms for ResNet-18's
 stride-2 pool of 64x112x112 at one thread here, against 0.25 ms for oneDNN on its own
 layout), and it also writes the int64 indices inference never reads. Lowered here, the
 pool is a pointwise value: each output element is the ``maximum`` of its window's taps,
-the consumer's kernel reads the input directly, and a tap in the padding reads ``-inf``
-through a ``Piecewise`` (so it is never loaded), as PyTorch pads max pooling.
+the consumer's kernel reads it directly. The input is first copied once with a ``-inf``
+border (as PyTorch pads max pooling) and its columns dealt into ``stride`` phases, so
+every tap is a unit-stride read without a bounds check (the depthwise template stages its
+planes the same way).
 ``maximum`` propagates NaN, as the ATen kernel does.
 """
 from __future__ import annotations
@@ -75,13 +77,32 @@ def padded(source: Value, padding: tuple) -> Pointwise:
                      expensive=lazy and source.expensive, op_names=(source.op_names if lazy else ()) + ("pad",))
 
 
+def phase_split(source: Value, stride: int) -> Pointwise:
+    """``source`` [..., H, W] with its columns dealt into ``stride`` phases: a lazy value
+    [stride, ..., H, ceil(W / stride)] whose phase ``p`` holds columns p, p + stride, ...
+    (``-inf`` past the end), so a stride-``stride`` window reads each tap as one unit-stride
+    run of one phase (a vector load, not a gather)."""
+    width = source.shape[-1]
+    columns = -(-width // stride)
+    dtype = source.dtype
+
+    def fn(index):
+        phase, *lead, h, column = index
+        selector = column.scale(stride) + phase  # the column of source
+        return _padded(selector, 0, width, source.expr([*lead, h, selector]), dtype)
+
+    lazy = getattr(source, "realized", True) is None
+    return Pointwise((stride, *source.shape[:-1], columns), dtype, fn, op_count=source.op_count if lazy else 0,
+                     expensive=lazy and source.expensive, op_names=(source.op_names if lazy else ()) + ("pad",))
+
+
 def max_pool2d(source: Value, out_shape: tuple, kernel, stride, dilation) -> Pointwise:
-    """The values of ``max_pool2d(source, ...)`` over an already padded ``source``
-    ([..., H, W] -> ``out_shape`` [..., OH, OW], float dtypes; ``padded``) as a lazy value
-    with affine reads only; every argument an (h, w) pair. A window that runs past the
-    padded input (``ceil_mode``) is cut at its end, as PyTorch cuts it."""
+    """The values of ``max_pool2d`` over a padded, phase-split ``source`` ([SW, ..., H, W']
+    from ``phase_split(padded(x), SW)``; ``out_shape`` [..., OH, OW], float dtypes) as a
+    lazy value with unit-stride reads along OW; every argument an (h, w) pair. A window
+    that runs past the padded input (``ceil_mode``) is cut at its end, as PyTorch cuts it."""
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    height, width = source.shape[-2:]
+    height, columns = source.shape[-2:]
     dtype = source.dtype
 
     def fn(index):
@@ -90,9 +111,10 @@ def max_pool2d(source: Value, out_shape: tuple, kernel, stride, dilation) -> Poi
         for i in range(kh):
             h = oh.scale(sh) + i * dh
             for j in range(kw):
-                w = ow.scale(sw) + j * dw
-                tap = source.expr([*lead, h, w])
-                tap = _padded(h, 0, height, _padded(w, 0, width, tap, dtype), dtype)
+                phase, shift = divmod(j * dw, sw)[::-1]  # column ow*sw + j*dw = phase + sw*(ow + shift)
+                w = ow + shift
+                tap = source.expr([Index.constant(phase), *lead, h, w])
+                tap = _padded(h, 0, height, _padded(w, 0, columns, tap, dtype), dtype)
                 best = tap if best is None else Op("maximum", (best, tap), dtype)
         return best
 

@@ -266,3 +266,13 @@ def test_waited_time_is_recorded_per_launch():
     result, _ = run({"a": [(10.0, 4.0)] * 500, "b": clean(10, 500)})
     assert result.waited_us[0][0] == pytest.approx(4.0) and result.clean[0][0] is False
     assert result.waited_us[1][0] == 0.0 and result.clean[1][0] is True
+
+
+def test_a_choice_made_for_other_sources_is_not_replayed(tmp_path):
+    folder = KernelFolder(tmp_path)
+    candidates = [_Candidate("a"), _Candidate("b")]
+    folder.write_choice(candidates, 1, [2.5, 1.25], sources=("int f();", "int g();"))
+    assert folder.read_choice(candidates, ("int f();", "int g();")) == (1, [2.5, 1.25], False)
+    # same kernel_keys, a changed template (or math header): timed again
+    assert folder.read_choice(candidates, ("int f();", "int h();")) is None
+    assert folder.read_choice(candidates) is None
