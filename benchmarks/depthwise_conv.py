@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aotpack.backends.cpu import depthwise_template  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
 from aotpack.kernel_ir import DepthwiseConvKernel  # noqa: E402
-from common import calls_per_sample, compile_candidates, interleaved_medians  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 #: CxHxW:kKsS:activation of MobileNetV3-Small's depthwise convs (the input; padding K // 2).
 DEFAULT_SHAPES = ["16x112x112:k3s2:relu", "72x56x56:k3s2:relu", "88x28x28:k3s1:relu", "96x28x28:k5s2:hardswish",
@@ -72,7 +72,7 @@ def measure(shape: str, threads: int, rounds: int, work: Path) -> dict:
     p = k // 2
     reference = act(F.conv2d(x, weight, bias, s, p, 1, c))
     kernel = kernel_of(c, h, w, k, s, activation)
-    tilings = depthwise_template.solve(kernel, threads)
+    tilings = depthwise_template.solve(kernel, threads, vector_bytes=target_vector_bytes())
     launcher = compile_candidates(kernel, tilings, work / f"{shape.replace(':', '_')}-{threads}")
     out = torch.empty(reference.shape)
     args = launcher.arguments([x, weight, bias, out])  # x, weight, bias, out stay alive: raw pointers

@@ -86,6 +86,11 @@ def test_tilings_default_first_unique_and_within_the_device_limit():
     narrow = depthwise_template.solve(_kernel(1, 576, 7, 7, 5, 1), 2)  # one vector per row; 1.4 MFLOP
     assert narrow[0] == DepthwiseTiling(block_dim=1, rows=4, vecs=1, workspace=11 * 16 * 4)
     assert [(o.block_dim, o.rows, o.vecs) for o in narrow] == [(1, 4, 1), (2, 4, 1), (1, 2, 1), (1, 6, 1)]
+    wide = depthwise_template.solve(big, 2, vector_bytes=64)  # 14 columns: the 8-lane default stays first
+    assert [o.vector_bytes for o in wide[:2]] == [32, 64] and wide[1].workspace == 2 * 18 * 32 * 4
+    assert wide[1].tiling_repr == "cpu_depthwise_conv;block_dim=2;rows=4;vecs=1;vector_bytes=64"
+    stem = depthwise_template.solve(_kernel(1, 16, 112, 112, 3, 2), 2, vector_bytes=64)
+    assert stem[0].vector_bytes == 64 and stem[0].vecs == 2
     one_row = depthwise_template.solve(_kernel(1, 3, 1, 5, 3, 2), 1)
     assert [(o.rows, o.vecs) for o in one_row] == [(1, 1)]
 
@@ -169,8 +174,9 @@ def _input(case, generator) -> tuple[torch.Tensor, torch.Tensor, DepthwiseConvKe
 
 def _extra_tilings(kernel: DepthwiseConvKernel) -> list[DepthwiseTiling]:
     """Row blocks of 1 and 3 rows (a remainder block on most heights), 3 vectors, 2 threads."""
-    return [DepthwiseTiling(block_dim=b, rows=r, vecs=v, workspace=depthwise_template.workspace_bytes(kernel, b))
-            for b, r, v in ((1, 1, 1), (2, 3, 3), (1, 3, 2))]
+    return [DepthwiseTiling(block_dim=b, rows=r, vecs=v, workspace=depthwise_template.workspace_bytes(kernel, b, 32 // 4 * (w // 32)),
+                            vector_bytes=w)
+            for b, r, v, w in ((1, 1, 1, 32), (2, 3, 3, 32), (1, 3, 2, 32), (2, 4, 2, 64))]  # 64: AVX-512 (AVX2 without it)
 
 
 

@@ -32,7 +32,7 @@ TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConv
              BmmKernel: bmm_template}
 #: The templates whose register tile computes in AVX-512 vectors where the target has them
 #: (``vector_bytes`` 64, a knob of their tilings).
-WIDE_TEMPLATES = (gemm_template, conv_template, bmm_template)
+WIDE_TEMPLATES = (gemm_template, conv_template, bmm_template, depthwise_template)
 
 
 class CpuBackend(Backend):

@@ -18,7 +18,9 @@ its spare lanes into the next rows, which are written after it. Planes are split
 ``block_dim`` OpenMP threads as they come free.
 
 Knobs (the tiling): ``rows``, ``vecs`` (``rows * vecs`` accumulator vectors of the 16
-AVX2 registers), ``block_dim``. The workspace is ``block_dim`` staged planes.
+AVX2 registers), ``block_dim``, and ``vector_bytes`` (64: 16-lane AVX-512 vectors where
+the target has them, offered next to the 8-lane default; a row under 16 columns wastes
+most of a wide vector, so PGO decides). The workspace is ``block_dim`` staged planes.
 """
 from __future__ import annotations
 
@@ -49,26 +51,33 @@ class DepthwiseTiling(Candidate):
     rows: int
     vecs: int
     workspace: int = 0
+    vector_bytes: int = VECTOR_BYTES
 
     @property
     def tiling_repr(self) -> str:
-        """``tiling_repr``: every knob, canonical."""
-        return f"cpu_depthwise_conv;block_dim={self.block_dim};rows={self.rows};vecs={self.vecs}"
+        """``tiling_repr``: every knob, canonical (``vector_bytes`` only off the AVX2 default)."""
+        wide = "" if self.vector_bytes == VECTOR_BYTES else f";vector_bytes={self.vector_bytes}"
+        return f"cpu_depthwise_conv;block_dim={self.block_dim};rows={self.rows};vecs={self.vecs}{wide}"
+
+    @property
+    def lanes(self) -> int:
+        """float32 lanes per vector."""
+        return self.vector_bytes // 4
 
 
-def output_vectors(kernel: DepthwiseConvKernel) -> int:
+def output_vectors(kernel: DepthwiseConvKernel, lanes: int = LANES) -> int:
     """Vectors per output row (one for a row under one vector)."""
-    return max(1, -(-kernel.out_hw[1] // LANES))
+    return max(1, -(-kernel.out_hw[1] // lanes))
 
 
-def pitch(kernel: DepthwiseConvKernel) -> int:
-    """Floats per staged row of one phase, a multiple of ``LANES``: the phase's padded
+def pitch(kernel: DepthwiseConvKernel, lanes: int = LANES) -> int:
+    """Floats per staged row of one phase, a multiple of ``lanes``: the phase's padded
     columns, and at least the last output vector's farthest tap."""
     (_h, w), (_oh, ow) = kernel.in_hw, kernel.out_hw
     stride, pad, dilation, kw = kernel.stride[1], kernel.padding[1], kernel.dilation[1], kernel.kernel_hw[1]
     columns = -(-(w + 2 * pad) // stride)
-    reach = max(ow, LANES) + (kw - 1) * dilation // stride
-    return -(-max(columns, reach) // LANES) * LANES
+    reach = max(ow, lanes) + (kw - 1) * dilation // stride
+    return -(-max(columns, reach) // lanes) * lanes
 
 
 def staged_rows(kernel: DepthwiseConvKernel) -> int:
@@ -76,34 +85,42 @@ def staged_rows(kernel: DepthwiseConvKernel) -> int:
     return (kernel.out_hw[0] - 1) * kernel.stride[0] + (kernel.kernel_hw[0] - 1) * kernel.dilation[0] + 1
 
 
-def scratch_floats(kernel: DepthwiseConvKernel) -> int:
+def scratch_floats(kernel: DepthwiseConvKernel, lanes: int = LANES) -> int:
     """Floats of workspace per thread: the staged plane's phases, rounded to 64 bytes."""
-    floats = kernel.stride[1] * staged_rows(kernel) * pitch(kernel)
+    floats = kernel.stride[1] * staged_rows(kernel) * pitch(kernel, lanes)
     return -(-floats // 16) * 16
 
 
-def workspace_bytes(kernel: DepthwiseConvKernel, block_dim: int) -> int:
+def workspace_bytes(kernel: DepthwiseConvKernel, block_dim: int, lanes: int = LANES) -> int:
     """Bytes of workspace a tiling needs: one staged plane per thread."""
-    return block_dim * scratch_floats(kernel) * 4
+    return block_dim * scratch_floats(kernel, lanes) * 4
 
 
-def _tiling(kernel: DepthwiseConvKernel, block_dim: int, rows: int, vecs: int) -> DepthwiseTiling:
+def _tiling(kernel: DepthwiseConvKernel, block_dim: int, rows: int, vecs: int,
+            vector_bytes: int = VECTOR_BYTES) -> DepthwiseTiling:
+    lanes = vector_bytes // 4
     rows = max(1, min(rows, kernel.out_hw[0]))
-    vecs = max(1, min(vecs, output_vectors(kernel), MAX_ACCUMULATORS // rows))
+    vecs = max(1, min(vecs, output_vectors(kernel, lanes), MAX_ACCUMULATORS // rows))
     return DepthwiseTiling(block_dim=block_dim, rows=rows, vecs=vecs,
-                           workspace=workspace_bytes(kernel, block_dim))
+                           workspace=workspace_bytes(kernel, block_dim, lanes), vector_bytes=vector_bytes)
 
 
-def solve(kernel: DepthwiseConvKernel, device_limit: int, count: int = MAX_TOPN) -> list[DepthwiseTiling]:
+def solve(kernel: DepthwiseConvKernel, device_limit: int, count: int = MAX_TOPN,
+          vector_bytes: int = VECTOR_BYTES) -> list[DepthwiseTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
 
     The default: 4 rows x 2 vectors (each staged row feeds up to KH rows; 8 accumulators),
-    all ``device_limit`` threads unless the conv is under ``PARALLEL_MIN_FLOPS``. Then the
-    other thread count, 2 rows x 2 vectors, 4 rows x 1 vector (a narrow row), 6 rows x 2.
-    Clipped to the output's rows and vectors, duplicates dropped.
+    all ``device_limit`` threads unless the conv is under ``PARALLEL_MIN_FLOPS``. With
+    ``vector_bytes`` 64 (AVX-512), the default at 16 lanes comes first for rows of 16
+    columns or more and second otherwise. Then the other thread count, 2 rows x 2
+    vectors, 4 rows x 1 vector (a narrow row), 6 rows x 2. Clipped to the output's rows
+    and vectors, duplicates dropped.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     options = [_tiling(kernel, threads, 4, 2)]
+    if vector_bytes >= 64:
+        wide = _tiling(kernel, threads, 4, 2, 64)
+        options.insert(0 if kernel.out_hw[1] >= 16 else 1, wide)
     if device_limit > 1:
         options.append(_tiling(kernel, device_limit if threads == 1 else 1, 4, 2))
     options += [_tiling(kernel, threads, 2, 2), _tiling(kernel, threads, 4, 1), _tiling(kernel, threads, 6, 2)]
@@ -114,9 +131,9 @@ def solve(kernel: DepthwiseConvKernel, device_limit: int, count: int = MAX_TOPN)
 def estimate_us(kernel: DepthwiseConvKernel, tiling: DepthwiseTiling, gflops: float = 30.0) -> float:
     """Guess in us: flops at ``gflops`` per thread over the lanes the vectors use (a row's
     spare lanes cost as much as used ones), plus ~2 us per parallel region."""
-    ow = kernel.out_hw[1]
-    used = ow / (output_vectors(kernel) * LANES) if ow < LANES else 1.0
-    compute = kernel.flops / (used * gflops * 1e3 * tiling.block_dim)
+    ow, lanes = kernel.out_hw[1], tiling.lanes
+    used = ow / (output_vectors(kernel, lanes) * lanes) if ow < lanes else 1.0
+    compute = kernel.flops * LANES / (used * gflops * lanes * 1e3 * tiling.block_dim)
     return compute + (2.0 if tiling.block_dim > 1 else 0.0)
 
 
@@ -134,8 +151,8 @@ def render_kernel(kernel: DepthwiseConvKernel, tiling: DepthwiseTiling) -> str:
                   ph=kernel.padding[0], pw=kernel.padding[1], dh=kernel.dilation[0], dw=kernel.dilation[1],
                   xs=kernel.x_strides, ws=kernel.weight_strides, x_offset=kernel.x_offset,
                   has_bias=kernel.has_bias, bias_offset=kernel.bias_offset, bias_stride=kernel.bias_stride,
-                  pitch=pitch(kernel), scratch_floats=scratch_floats(kernel), workspace=tiling.workspace,
-                  vector_bytes=VECTOR_BYTES, rows=tiling.rows, vecs=tiling.vecs, block_dim=tiling.block_dim,
+                  pitch=pitch(kernel, tiling.lanes), scratch_floats=scratch_floats(kernel, tiling.lanes),
+                  workspace=tiling.workspace, vector_bytes=tiling.vector_bytes, rows=tiling.rows, vecs=tiling.vecs, block_dim=tiling.block_dim,
                   chunk=_chunk(kernel, tiling.block_dim), epilogue=kernel.epilogue,
                   epilogue_text=f"{DEPTHWISE_EPILOGUES[kernel.epilogue]} where y = depthwise_conv(x, W){bias}",
                   optional_helpers=[])
