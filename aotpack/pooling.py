@@ -13,12 +13,17 @@ planes the same way).
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
 from aotpack.index import Index
 from aotpack.ir import Pointwise, Value
 from aotpack.kernel_ir import Const, Op, Piecewise
+
+
+#: dtypes the pool is lowered for (``-inf`` padding needs a float).
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _pair(value, default=None) -> tuple[int, int]:
@@ -123,10 +128,9 @@ def max_pool2d(source: Value, out_shape: tuple, kernel, stride, dilation) -> Poi
 
 def is_values_only(node) -> bool:
     """Whether only the values (output 0) of a ``max_pool2d_with_indices`` node are read."""
-    return all(user.target.__name__ == "getitem" and user.args[1] == 0 for user in node.users)
+    return all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
 
 
 def supported(source: Value) -> bool:
     """Float input of 3 or 4 dims with elements (other inputs stay ATen calls)."""
-    return source.dtype.is_floating_point and len(source.shape) in (3, 4) and source.numel > 0 \
-        and source.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    return source.dtype in FLOAT_DTYPES and len(source.shape) in (3, 4) and source.numel > 0

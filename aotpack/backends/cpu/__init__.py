@@ -30,9 +30,6 @@ from aotpack.render import render
 #: and ``render_kernel``; every other kernel is a ``FusedKernel`` (``tiling``, ``renderer``).
 TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConvKernel: depthwise_template,
              BmmKernel: bmm_template}
-#: The templates whose register tile computes in AVX-512 vectors where the target has them
-#: (``vector_bytes`` 64, a knob of their tilings).
-WIDE_TEMPLATES = (gemm_template, conv_template, bmm_template, depthwise_template)
 
 
 class CpuBackend(Backend):
@@ -49,10 +46,8 @@ class CpuBackend(Backend):
 
     def solve(self, kernel, limits: Limits, count: int) -> list:
         template = TEMPLATES.get(type(kernel))
-        if template in WIDE_TEMPLATES:
+        if template is not None:  # every template takes the vector width as a knob
             return template.solve(kernel, limits.device_limit, count, vector_bytes=limits.vector_bytes)
-        if template is not None:
-            return template.solve(kernel, limits.device_limit, count)
         return tiling.solve(kernel, limits.device_limit, count)
 
     def estimate_us(self, kernel, candidate, settings) -> float:
