@@ -31,6 +31,8 @@ EPILOGUES = {
     "swish": lambda y, r: F.silu(y),
     "add": lambda y, r: y + r,
     "add_relu": lambda y, r: F.relu(y + r),
+    "hardswish": lambda y, r: F.hardswish(y),
+    "hardsigmoid": lambda y, r: F.hardsigmoid(y),
 }
 
 
@@ -81,8 +83,12 @@ def test_tilings_default_first_unique_with_their_workspace():
     assert [o.workspace for o in whole] == [image]  # one k block: no partial sums
     pointwise = _kernel((1, 8, 5, 5), 16, (1, 1), padding=(0, 0))
     unpadded = conv_template.solve(pointwise, 4)
-    assert unpadded[0].block_dim == 1 and unpadded[0].workspace == 0  # 6400 flops: one thread, x read in place
-    assert unpadded[1].layout == "nhwc" and unpadded[1].workspace == 832  # the channels-last copy: 800 bytes, 64-aligned
+    # 6400 flops: one thread; 25 positions: the pointwise layout first, then the direct default
+    assert [(o.layout, o.block_dim, o.workspace) for o in unpadded[:4]] == [
+        ("pointwise", 1, 0), ("nchw", 1, 0), ("pointwise", 4, 0), ("pointwise", 1, 0)]
+    assert unpadded[0].tiling_repr == "cpu_conv;block_dim=1;mr=4;mc=24;kc=8;layout=pointwise;nr=24"
+    assert (unpadded[3].mr, unpadded[3].nr) == (6, 16)  # the other AVX2 register tile
+    assert unpadded[4].layout == "nhwc" and unpadded[4].workspace == 832  # the channels-last copy: 800 bytes, 64-aligned
     assert conv_template.solve(deep, 2, count=2) == options[:2]
 
 
@@ -115,6 +121,10 @@ CASES = [  # x shape, C_out, kernel, stride, padding, dilation, epilogue, bias, 
     ((2, 1, 6, 15), 7, (3, 1), (1, 2), (1, 0), (1, 1), "add", True, 1, 1),
     ((1, 40, 5, 5), 20, (3, 3), (1, 1), (1, 1), (1, 1), "tanh", True, 0, 0),
     ((1, 3, 20, 20), 8, (7, 7), (2, 2), (3, 3), (1, 1), "swish", False, 0, 0),
+    # pointwise: 63 positions (a 15-lane tail), 13 channels (a short channel tile), batch 2
+    ((2, 5, 9, 7), 13, (1, 1), (1, 1), (0, 0), (1, 1), "hardswish", True, 2, 0),
+    ((1, 24, 8, 8), 40, (1, 1), (1, 1), (0, 0), (1, 1), "add_relu", True, 0, 3),
+    ((1, 3, 4, 5), 16, (1, 1), (1, 1), (0, 0), (1, 1), "hardsigmoid", False, 0, 0),
 ]
 
 
@@ -127,7 +137,10 @@ def _tilings(kernel: ConvKernel) -> list[ConvTiling]:
     wide = [conv_template.make_tiling(kernel, 2, 14, 3, vector_bytes=64),  # AVX-512 (AVX2 code without it)
             conv_template.make_tiling(kernel, 2, 10, 3, vector_bytes=64, nr=32),
             conv_template.make_tiling(kernel, 1, 8, kernel.x_shape[1], layout="nhwc", vector_bytes=64)]
-    return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra + wide))
+    pointwise = [conv_template.pointwise_tiling(kernel, *knobs) for knobs in
+                 ((2, 8, 48, 64), (1, 12, 32, 64), (2, 4, 24, 32), (1, 6, 16, 32), (1, 3, 64, 64))]
+    return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra + wide
+                              + (pointwise if conv_template.is_pointwise(kernel) else [])))
 
 
 @pytest.mark.native

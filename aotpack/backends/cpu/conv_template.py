@@ -18,6 +18,14 @@ where there is none): a tile's row then reads consecutive floats over the channe
 a tap, not one float per channel plane (a page apart in a 56x56 layer); the copy costs
 a pass over the input, which a 1x1 convolution with little K may not repay.
 
+``layout`` ``pointwise`` (1x1 convolutions of stride 1 and no padding only) renders
+``templates/cpu_pointwise_conv.cpp.j2`` instead: the GEMM ``out[N][M] = W[N][K] @ x[K][M]``
+with the positions in the vector lanes, so x's NCHW rows load as vectors, the epilogue
+runs on vectors and a channel's outputs are stored contiguously. A 1x1 convolution with
+little K (MobileNet's expansions: 16 or 24 input channels) spends most of the direct
+template's time storing each position's channels a plane apart; this one does not. Its
+register tile is ``mr`` channels x ``nr`` positions (``mc`` = ``nr``, ``kc`` = C_in).
+
 Knobs (the tiling): ``mr``, ``mc`` (positions per group), ``kc``, ``layout``, ``block_dim``.
 """
 from __future__ import annotations
@@ -81,7 +89,7 @@ def image_region(kernel: ConvKernel, layout: str) -> int:
     """Bytes the image copy takes at the workspace's start (64-byte aligned): the padded
     image, in either layout; none for ``nchw`` without padding (read in place)."""
     (ph, pw), (c, h, w) = kernel.padding, kernel.x_shape[1:]
-    if layout == "nchw" and not (ph or pw):
+    if layout in ("nchw", "pointwise") and not (ph or pw):
         return 0
     return -(-(c * (h + 2 * ph) * (w + 2 * pw) * 4) // 64) * 64
 
@@ -110,6 +118,38 @@ def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | 
                       nr=nr if kernel.panels > 1 else 16)
 
 
+#: ``pointwise`` register tiles (channels, positions) per vector width, the default first:
+#: accumulators + one vector of x per lane group + a broadcast within the 32 (16) registers.
+POINTWISE_TILES = {64: ((8, 48), (12, 32)), 32: ((4, 24), (6, 16))}
+
+
+def is_pointwise(kernel: ConvKernel) -> bool:
+    """A 1x1 convolution of stride 1, no padding, with a vector's worth of positions:
+    what the ``pointwise`` layout computes."""
+    return (kernel.kernel_size == (1, 1) and kernel.stride == (1, 1) and kernel.padding == (0, 0)
+            and kernel.m >= 16)
+
+
+def pointwise_tiling(kernel: ConvKernel, block_dim: int, channels: int, positions: int,
+                     vector_bytes: int) -> ConvTiling:
+    """The ``pointwise`` tiling of ``channels`` x ``positions`` register tiles."""
+    return ConvTiling(block_dim=block_dim, mr=channels, mc=positions, kc=kernel.x_shape[1], layout="pointwise",
+                      vector_bytes=vector_bytes, nr=positions)
+
+
+def _pointwise_options(kernel: ConvKernel, threads: int, device_limit: int, vector_bytes: int) -> list:
+    """The ``pointwise`` default and its variants (other thread count, other tile), or none."""
+    if not is_pointwise(kernel):
+        return []
+    (channels, positions), other = POINTWISE_TILES[vector_bytes]
+    options = [pointwise_tiling(kernel, threads, channels, positions, vector_bytes)]
+    if device_limit > 1:
+        options.append(pointwise_tiling(kernel, device_limit if threads == 1 else 1, channels, positions,
+                                        vector_bytes))
+    options.append(pointwise_tiling(kernel, threads, *other, vector_bytes))
+    return options
+
+
 def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
           vector_bytes: int = VECTOR_BYTES) -> list[ConvTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
@@ -119,7 +159,9 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     groups from ``_group_positions``, k blocks from ``_default_kc``, all ``device_limit``
     threads unless the convolution is under ``PARALLEL_MIN_FLOPS``. Then one knob at a
     time: the channels-last layout, the other thread count, the other ``mr``, the whole K
-    or blocks of half as many channels, one group of every tile.
+    or blocks of half as many channels, one group of every tile. A ``pointwise``
+    convolution (``is_pointwise``) puts that layout's tiling first and the direct default
+    second, then the rest of both.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     c_in = kernel.x_shape[1]
@@ -135,6 +177,9 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     if other_kc:
         options.append(make_tiling(kernel, threads, mr, other_kc, **wide))
     options.append(make_tiling(kernel, threads, mr, kc, -(-kernel.m // mr) * mr, **wide))
+    pointwise = _pointwise_options(kernel, threads, device_limit, vector_bytes)
+    if pointwise:
+        options = [pointwise[0], options[0], *pointwise[1:], *options[1:]]
     unique = list(dict.fromkeys(options))
     return unique[:min(count, MAX_TOPN)]
 
@@ -157,6 +202,14 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling``."""
     (n, c_in, h, w), (oh, ow) = kernel.x_shape, kernel.out_hw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
+    epilogue_text = f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv(x, W){' + bias' if kernel.has_bias else ''}"
+    if tiling.layout == "pointwise":
+        return render("cpu_pointwise_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w,
+                      m=kernel.m, n=kernel.n, panel=kernel.panel, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
+                      nr=tiling.nr, block_dim=tiling.block_dim, x_offset=kernel.x_offset, has_bias=kernel.has_bias,
+                      has_residual=kernel.epilogue in ("add", "add_relu"), residual_offset=kernel.residual_offset,
+                      epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue], epilogue_text=epilogue_text,
+                      optional_helpers=[])
     return render("cpu_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w, oh=oh, ow=ow,
                   kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, m=kernel.m, n=kernel.n, k=kernel.k,
                   panel=kernel.panel, panels=kernel.panels, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
@@ -166,6 +219,4 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
                   x_offset=kernel.x_offset, has_bias=kernel.has_bias,
                   has_residual=kernel.epilogue in ("add", "add_relu"), residual_offset=kernel.residual_offset,
                   epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue],
-                  epilogue_text=f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv(x, W)"
-                                f"{' + bias' if kernel.has_bias else ''}",
-                  optional_helpers=[])
+                  epilogue_text=epilogue_text, optional_helpers=[])
