@@ -43,18 +43,19 @@ class Choice:
     contended: bool = False
 
 
-def time_candidates(launcher, keys: list[str], args) -> timing.Timing:
+def time_candidates(launcher, keys: list[str], args, block_dims: list[int] | None = None) -> timing.Timing:
     """Time each candidate (interleaved rounds, preemption-aware, re-timed while noisy).
 
     Args:
         launcher: a backend ``Launcher`` with every candidate loaded.
         keys: the candidates' kernel_keys, in the cost order. args: ``launcher.arguments(tensors)``.
+        block_dims: the candidates' threads (one more attempt where 2 threads did not scale).
 
     Returns:
         ``timing.Timing``: ``estimates_us`` per candidate, ``contended``; pass a list of
         them with the candidates' block_dims to ``timing.decide`` for the winner.
     """
-    return timing.measure(launcher, keys, args)
+    return timing.measure(launcher, keys, args, block_dims=block_dims)
 
 
 class _Calls:
@@ -250,7 +251,8 @@ class PythonModeRun:
         args = launcher.arguments(tensors)
         if kid not in self.winners and len(candidates) > 1:
             keys = [c.kernel_key for c in candidates]
-            self.samples.setdefault(kid, []).append(time_candidates(launcher, keys, args))
+            self.samples.setdefault(kid, []).append(
+                time_candidates(launcher, keys, args, [c.block_dim for c in candidates]))
             if self.on_tuned and len(self.samples[kid]) == 1:
                 self.on_tuned(len(self.samples), self.to_tune)
             launcher.launch(keys[0], args)

@@ -33,7 +33,8 @@ CANDIDATES = {candidates!r}  # (kernel_key, tiling_repr, block_dim)
 backend = backends.get({backend!r})
 launcher = backend.load_wrapper(CACHE_FOLDER / "wrapper.so", CACHE_FOLDER, {name!r})
 tensors = torch.load(HERE / "inputs.pt")
-measured = time_candidates(launcher, [key for key, _, _ in CANDIDATES], launcher.arguments(tensors))
+measured = time_candidates(launcher, [key for key, _, _ in CANDIDATES], launcher.arguments(tensors),
+                           [block_dim for _, _, block_dim in CANDIDATES])
 decision = timing.decide([measured], [block_dim for _, _, block_dim in CANDIDATES])
 for index, ((key, tiling_repr, _), us, clean) in enumerate(zip(CANDIDATES, decision.estimates_us,
                                                                 measured.clean_shares)):

@@ -62,10 +62,11 @@ class FakeProbe:
         pass
 
 
-def run(script: dict, pauses: list | None = None) -> tuple[Timing, FakeLauncher]:
+def run(script: dict, pauses: list | None = None, block_dims=None, stolen=lambda: 0) -> tuple[Timing, FakeLauncher]:
     launcher = FakeLauncher(script)
     sleep = (pauses.append if pauses is not None else (lambda s: None))
-    return measure(launcher, list(script), None, FakeProbe(launcher), launcher.clock, sleep), launcher
+    return measure(launcher, list(script), None, FakeProbe(launcher), launcher.clock, sleep, block_dims,
+                   stolen), launcher
 
 
 def clean(us: float, rounds: int = ROUNDS) -> list:
@@ -276,3 +277,45 @@ def test_a_choice_made_for_other_sources_is_not_replayed(tmp_path):
     # same kernel_keys, a changed template (or math header): timed again
     assert folder.read_choice(candidates, ("int f();", "int h();")) is None
     assert folder.read_choice(candidates) is None
+
+
+def test_a_two_thread_candidate_that_did_not_scale_gets_a_second_look_after_a_pause():
+    """Stolen time (the host preempting the VM) leaves no run-queue wait: the 2-thread
+    convolution read its 1-thread time in clean-looking samples. The second look, half a
+    second later, is less disturbed and replaces the first."""
+    stolen_then_idle = clean(1000.0) + clean(520.0)
+    pauses = []
+    result, _ = run({"one": clean(1000.0), "two": stolen_then_idle}, pauses, block_dims=[1, 2])
+    assert pauses == [timing.UNSCALED_PAUSE_S] and result.attempts == 2 and result.rounds == ROUNDS
+    assert result.estimates_us == [1000.0, 520.0]
+    assert decide([result], [1, 2]).index == 1
+
+
+def test_a_kernel_that_does_not_scale_keeps_its_first_look_and_one_thread():
+    result, _ = run({"one": clean(1000.0), "two": clean(1000.0) + clean(1100.0)}, [], block_dims=[1, 2])
+    assert result.attempts == 2 and result.estimates_us == [1000.0, 1000.0]
+    assert decide([result], [1, 2]).index == 0
+
+
+def test_short_or_scaling_kernels_get_no_second_look():
+    pauses = []
+    short, _ = run({"one": clean(150.0), "two": clean(150.0)}, pauses, block_dims=[1, 2])
+    scaling, _ = run({"one": clean(1000.0), "two": clean(540.0)}, pauses, block_dims=[1, 2])
+    untold, _ = run({"one": clean(1000.0), "two": clean(1000.0)}, pauses)  # no block_dims: GEMM variants
+    assert pauses == [] and short.attempts == scaling.attempts == untold.attempts == 1
+
+
+def test_stolen_time_while_timing_earns_a_second_look():
+    ticks = iter([0, 3])
+    result, _ = run({"a": clean(100.0), "b": clean(200.0)}, [], block_dims=[1, 1], stolen=lambda: next(ticks))
+    assert result.attempts == 2
+
+
+def test_steal_ticks_is_the_steal_column_and_zero_where_unreadable(monkeypatch, tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  780936 128740 166304 1243052 6181 0 1456 9664 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(stat if path == "/proc/stat" else path, *a, **k))
+    assert timing.steal_ticks() == 9664
+    stat.write_text("cpu 1 2\n")  # a kernel without the column
+    assert timing.steal_ticks() == 0
