@@ -277,7 +277,7 @@ def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter
             ``RunDelayProbe``); clock: ns timer; sleep: pause between attempts (s);
             stolen: the steal counter (``steal_ticks``). For tests.
         block_dims: the candidates' threads; given, a multi-thread candidate that did not
-            scale, or stolen time, earns one more attempt (``unscaled``).
+            scale earns one more attempt (``unscaled``), as stolen time always does.
 
     Returns:
         A ``Timing`` of ``ROUNDS`` rounds per attempt.
@@ -292,7 +292,7 @@ def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter
                and (timing.contended_candidates() or timing.disagreeing_candidates())):
             sleep(RETRY_PAUSE_S[min(timing.attempts - 1, len(RETRY_PAUSE_S) - 1)])
             timing.extend(_rounds(launcher, keys, args, fastest, probe, clock, ROUNDS))
-        if block_dims and (stolen() > steal_before or unscaled(timing, block_dims)):
+        if stolen() > steal_before or (block_dims and unscaled(timing, block_dims)):
             sleep(UNSCALED_PAUSE_S)
             timing = _second_look(timing, _rounds(launcher, keys, args, fastest, probe, clock, ROUNDS))
     finally:

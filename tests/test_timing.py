@@ -306,8 +306,8 @@ def test_short_or_scaling_kernels_get_no_second_look():
 
 
 def test_stolen_time_while_timing_earns_a_second_look():
-    ticks = iter([0, 3])
-    result, _ = run({"a": clean(100.0), "b": clean(200.0)}, [], block_dims=[1, 1], stolen=lambda: next(ticks))
+    ticks = iter([0, 3])  # GEMM-step variants too: no block_dims
+    result, _ = run({"a": clean(100.0), "b": clean(200.0)}, [], stolen=lambda: next(ticks))
     assert result.attempts == 2
 
 
