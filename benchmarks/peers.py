@@ -1,8 +1,8 @@
 """aotpack side by side with eager PyTorch, AOTInductor, ONNX Runtime and OpenVINO.
 
 In one process: first build every variant of every model of benchmarks/bench_models
-once (peer_variants; the AOTInductor and aotpack builds in niced child processes,
-several at a time). Then, model by model and per thread count, load each variant,
+once (peer_variants; the in-process ONNX exports and OpenVINO conversions first, then
+the AOTInductor and aotpack builds in niced child processes, ``--build-jobs`` at a time). Then, model by model and per thread count, load each variant,
 check its outputs against eager PyTorch, and time all of them in interleaved rounds
 (the order rotates each round, so the machine's noise hits every variant alike).
 Prints a table per thread count; writes the result as JSON (after every model),
@@ -190,18 +190,21 @@ class ModelBench:
 
 
 def build_all(benches: list[ModelBench], jobs: int) -> None:
-    """Build every variant of every model: the child-process builds (AOTInductor, aotpack)
-    ``jobs`` at a time in the background, the in-process conversions meanwhile in this
-    thread (torch.export and tracing are not thread-safe)."""
+    """Build every variant of every model: first the in-process conversions (ONNX export,
+    OpenVINO conversion) in this thread (torch.export and tracing are not thread-safe),
+    then the child-process builds (AOTInductor, aotpack) ``jobs`` at a time. Not side by
+    side: aotpack's build times its candidates on this machine (PGO), and a conversion
+    running beside it takes a core from its 2-thread candidates (it then ships 1-thread
+    kernels, as on a loaded machine)."""
+    for bench in benches:
+        for variant in bench.pending:
+            if not getattr(variant, "child_process", False):
+                bench.build(variant)
     # biggest graphs first (submodule count as the proxy), so the longest build does not start last
     by_size = sorted(benches, key=lambda b: -sum(1 for _ in b.module.modules()))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(b.build, v) for b in by_size for v in b.pending
                    if getattr(v, "child_process", False)]
-        for bench in benches:
-            for variant in bench.pending:
-                if not getattr(variant, "child_process", False):
-                    bench.build(variant)
         for future in futures:
             future.result()
 
@@ -292,9 +295,10 @@ def _method(args, threads: list[int]) -> list[str]:
         "OpenVINO: convert_model (TorchScript trace; the torch.export program where tracing fails) + "
         "compile_model('CPU', f32 precision hint, LATENCY hint). "
         f"aotpack: aotpack.build with an empty private kernel cache, --topn {args.topn}, then aotpack.load.",
-        f"All builds come first, before any timing: the AOTInductor and aotpack builds in child processes "
-        f"(nice 10), {args.build_jobs} at a time, beside the in-process ONNX exports and OpenVINO conversions, "
-        "to keep the wall time down; each build time includes that contention. Timing runs are not niced.",
+        "All builds come first, before any timing: the in-process ONNX exports and OpenVINO conversions, then "
+        f"the AOTInductor and aotpack builds in child processes (nice 10), {args.build_jobs} at a time (aotpack "
+        "times its candidates during its build: nothing else runs beside it when that is 1). "
+        "Timing runs are not niced.",
         f"Streaming bandwidth: median of torch copy_ of {STREAM_BYTES >> 20} MiB (read + write counted).",
         "The machine was shared with other engineers' builds and tests while this ran: absolute numbers "
         "are noisy (+-20-30 %); the interleaved ratios are the meaningful part.",
