@@ -91,6 +91,26 @@ def test_a_cat_piece_is_computed_only_inside_its_branch():
                               "const float t4 = static_cast<float>((t1 + static_cast<float>(1.0)));"]
 
 
+def test_a_cat_piece_that_is_whole_rows_is_selected_without_j():
+    """An inner cat reshaped and permuted so each piece is whole rows of 13 (views_cat): the
+    compare drops j (the rest is a multiple of 13 and j < 13), so GCC branches once per
+    row instead of masking both pieces' loads in the j loop; where j can cross a bound
+    (a bound off the grain, or j alone) the compare keeps it."""
+    from aotpack.backends.cpu.renderer import build_body, piece_condition
+    from aotpack.index import Index
+
+    x, y = torch.randn(4, 13), torch.randn(4, 26)
+    graph = _lower(lambda x, y: torch.cat([x, y], dim=1).reshape(4, 3, 13).permute(1, 0, 2).relu(), x, y)
+    (kernel,) = graph.kernels
+    conditions = [line.strip() for line in build_body(kernel).write_lines if "if (" in line]
+    assert conditions == ["if (13 * i0 < 13) {"]
+    rows = Index.var("j", 32) + Index.var("i1", 4).scale(32) + 256
+    assert piece_condition(rows, 256) == "32 * i1 + 256 < 256"
+    assert piece_condition(rows, 250) == "32 * i1 + j + 256 < 250"  # off the grain
+    assert piece_condition(Index.var("j", 33) + Index.var("i1", 4).scale(32), 64) == "32 * i1 + j < 64"  # j reaches 32
+    assert piece_condition(Index.var("j", 32).scale(2), 32) == "2 * j < 32"  # j alone
+
+
 def test_flip_is_a_reversed_index_in_the_consumer():
     x = torch.randn(4, 64)
     (kernel,) = _lower(lambda x: x.flip(0, 1) * 3.0, x).kernels

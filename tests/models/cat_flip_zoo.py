@@ -5,7 +5,8 @@ transposed and step-sliced inputs, a broadcast input, the same tensor twice, a 1
 empty tensor, int64 next to float32 (promoted), a cat of cats, a cat of softmaxes (a
 reduction read at shifted rows), a single-input cat and a negative dim; flip along one,
 several and negative dims, of a lazy value and of a transposed input, also the inner
-dimension; cats read by a row softmax, a column sum and a long row's sum. Odd sizes
+dimension; cats read by a row softmax, a column sum and a long row's sum; an inner cat
+reshaped so each of its pieces is whole rows. Odd sizes
 throughout (7, 13, 3, 5).
 """
 import torch
@@ -31,8 +32,10 @@ class CatFlip(torch.nn.Module):
         row_soft = torch.cat([x, xt.flip(0)], dim=-1).softmax(-1)
         col_sum = torch.cat([x, xt * 2.0], dim=0).sum(0)
         long_sum = torch.cat([x.reshape(-1), w.reshape(-1).exp()] * 20).sum()
+        # an inner cat whose rows are reshaped into the outer dimensions: the piece is row-invariant
+        rows_of_pieces = torch.cat([x, xt * 3.0, x.flip(0)], dim=1).reshape(7, 3, 13).permute(1, 0, 2).relu()
         return (inner, outer, middle, twice, mixed, empty, nested, soft, single, broadcast, flips, flipped_t,
-                row_soft, col_sum, long_sum)
+                row_soft, col_sum, long_sum, rows_of_pieces)
 
 
 def model():

@@ -19,7 +19,7 @@ import torch
 
 from aotpack.backends.cpu import lane_sum
 from aotpack.backends.cpu.formulas import C_TYPES, formula, literal, optional_helpers
-from aotpack.index import contiguous_strides
+from aotpack.index import Index, contiguous_strides
 from aotpack.kernel_ir import Cast, Const, FusedKernel, Load, Op, Piecewise, Reduce, online_softmax_pairs
 from aotpack.render import render
 
@@ -61,6 +61,23 @@ def _accumulator(kind: str, dtype) -> tuple[str, str]:
 
 #: The formula of an ``exp`` whose argument is known <= 0 (``exp_of_nonpositive``).
 NONPOSITIVE_EXP = "ap::exp_nonpositive({0})"
+
+
+def piece_condition(index: Index, bound: int) -> str:
+    """``index < bound`` (a ``Piecewise`` bound) as C++, without ``j`` where ``j`` cannot
+    move the index across the bound: every other term and ``bound - const`` are multiples
+    of some g and ``j``'s terms stay below g. So a ``cat`` of whole rows read a row at a
+    time (piece k for rows [a, b) of the input) compares row-invariant values, and GCC
+    takes the branch out of the ``j`` loop instead of masking every piece's loads in it.
+    Exact: with R and B multiples of g and 0 <= t < g, R + t < B iff R < B."""
+    j_terms = tuple(t for t in index.terms if t[0] == "j")
+    rest = tuple(t for t in index.terms if t[0] != "j")
+    if j_terms and rest:
+        reach = sum(coef * (extent - 1) for _, coef, extent in j_terms)
+        grain = math.gcd(*(coef for _, coef, _ in rest))
+        if reach < grain and (bound - index.const) % grain == 0:
+            return f"{Index(rest, index.const).render()} < {bound}"
+    return f"{index.render()} < {bound}"
 
 
 def exp_of_nonpositive(node, inner_size: int) -> bool:
@@ -199,7 +216,7 @@ class KernelWriter:
             branch = _Block()
             self.stack = saved + [branch]
             value = self.value(piece)
-            condition = f"if ({node.index.render()} < {bound}) {{"
+            condition = f"if ({piece_condition(node.index, bound)}) {{"
             if k == 0:
                 lines.append(condition)
             else:
