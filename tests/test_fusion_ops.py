@@ -88,3 +88,24 @@ def test_cat_and_flip_fuse_into_their_consumers(build_model, tmp_path):
     assert _externs(result.archive) == []
     assert "piecewise[" in text and " - (" in text  # the cat selects and the flip reversal
     assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_an_inner_cat_cut_into_column_tiles_matches_eager(tmp_path):
+    """A cat along j cut at 40, run in column tiles of 32 (a tile straddles the cut) on 1
+    and 2 threads, and whole: each j segment is clipped to the tile (exact: float32 copies)."""
+    import torch
+
+    from aotpack.backends.cpu.tiling import Tiling
+    from conftest import compile_tilings
+    from test_fusion_lowering import _lower
+
+    a, b = torch.randn(3, 40), torch.randn(3, 50)
+    graph = _lower(lambda a, b: torch.cat([a, b * 2.0], dim=1) + 1.0, a, b)
+    (kernel,) = graph.kernels
+    tilings = [Tiling(1, 32, 0, 0), Tiling(2, 32, 0, 0), Tiling(1, 90, 0, 0), Tiling(2, 16, 0, 0, row_block=2)]
+    launcher = compile_tilings(kernel, tilings, tmp_path)
+    expected = torch.cat([a, b * 2.0], dim=1) + 1.0
+    for tiling in tilings:
+        out = torch.full_like(expected, float("nan"))
+        launcher.launch(tiling.kernel_key, [a, b, out])
+        assert torch.equal(out, expected), tiling.tiling_repr

@@ -6,7 +6,7 @@ empty tensor, int64 next to float32 (promoted), a cat of cats, a cat of softmaxe
 reduction read at shifted rows), a single-input cat and a negative dim; flip along one,
 several and negative dims, of a lazy value and of a transposed input, also the inner
 dimension; cats read by a row softmax, a column sum and a long row's sum; an inner cat
-reshaped so each of its pieces is whole rows. Odd sizes
+reshaped so each of its pieces is whole rows; a wide inner cat cut into column tiles. Odd sizes
 throughout (7, 13, 3, 5).
 """
 import torch
@@ -34,8 +34,10 @@ class CatFlip(torch.nn.Module):
         long_sum = torch.cat([x.reshape(-1), w.reshape(-1).exp()] * 20).sum()
         # an inner cat whose rows are reshaped into the outer dimensions: the piece is row-invariant
         rows_of_pieces = torch.cat([x, xt * 3.0, x.flip(0)], dim=1).reshape(7, 3, 13).permute(1, 0, 2).relu()
+        # a wide inner cat (182 columns, cut at 91 and split into column tiles by some tilings)
+        wide = torch.cat([w.reshape(1, -1).expand(3, -1), x.reshape(1, -1).expand(3, -1) * 0.5], dim=1) + 1.0
         return (inner, outer, middle, twice, mixed, empty, nested, soft, single, broadcast, flips, flipped_t,
-                row_soft, col_sum, long_sum, rows_of_pieces)
+                row_soft, col_sum, long_sum, rows_of_pieces, wide)
 
 
 def model():

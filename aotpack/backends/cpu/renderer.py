@@ -149,6 +149,7 @@ class KernelWriter:
         self.row_lines: list[str] = []
         self.depends_on_j: set[str] = {"j"}
         self.branches = 0  # depth of Piecewise pieces being written: nothing in them is hoisted
+        self.j_splits: set[int] = set()  # j where a piece chosen by j alone changes (``j_segments``)
 
     def _new_var(self) -> str:
         self.counter += 1
@@ -217,6 +218,7 @@ class KernelWriter:
             self.stack = saved + [branch]
             value = self.value(piece)
             condition = f"if ({piece_condition(node.index, bound)}) {{"
+            self._note_j_split(node.index, bound)
             if k == 0:
                 lines.append(condition)
             else:
@@ -227,6 +229,14 @@ class KernelWriter:
         self.stack = saved
         self._place(name, lines, "\n".join(lines)).pieces[node] = name
         return name
+
+    def _note_j_split(self, index: Index, bound: int) -> None:
+        """Record where ``index < bound`` flips when the index is ``c * j + const`` alone."""
+        if index.terms and all(name == "j" for name, _, _ in index.terms):
+            coef, extent = index.coefficient("j"), index.terms[0][2]
+            split = -(-(bound - index.const) // coef)  # the first j with c * j + const >= bound
+            if 0 < split < extent:
+                self.j_splits.add(split)
 
     def reduction(self, red: Reduce) -> str:
         """Variable holding ``red`` for this row; computes it first if needed."""
@@ -332,6 +342,21 @@ class KernelBody:
     write_lines: list[str]
     write_is_row: bool
     has_reduction: bool
+    j_splits: tuple = ()  # sorted j where a piece chosen by j alone changes
+
+
+#: The write loop is cut at most this many times (one copy of its body per segment).
+MAX_J_SPLITS = 3
+
+
+def j_segments(splits: tuple, cols: int) -> list[tuple[int, int]]:
+    """``[0, cols)`` cut at ``splits`` (a ``cat`` along the inner dimension: in each segment
+    every piece is fixed, so GCC folds its compares and reads only that piece), or whole
+    past ``MAX_J_SPLITS`` cuts."""
+    if not splits or len(splits) > MAX_J_SPLITS:
+        return [(0, cols)]
+    bounds = [0, *splits, cols]
+    return list(zip(bounds, bounds[1:]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -352,7 +377,8 @@ def build_body(kernel: FusedKernel, online: bool = False) -> KernelBody:
             stores.append(f"out{k}[r * {kernel.inner_size} + j] = static_cast<{C_TYPES[out.dtype]}>({var});")
     args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
     args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
-    return KernelBody(args, ctx.row_lines, write.lines + stores, write_is_row, bool(ctx.reductions))
+    return KernelBody(args, ctx.row_lines, write.lines + stores, write_is_row, bool(ctx.reductions),
+                      tuple(sorted(ctx.j_splits)))
 
 
 def render_kernel(kernel: FusedKernel, tiling) -> str:
@@ -389,6 +415,7 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
     return render(
         "cpu_kernel.cpp.j2",
         body=body, row_lines=row_lines, rows=rows, cols=kernel.inner_size, tile=tile, tiles=tiles,
+        segments=j_segments(body.j_splits, kernel.inner_size),
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr, workspace=tiling.workspace,
         optional_helpers=optional_helpers(body.row_lines + body.write_lines),
