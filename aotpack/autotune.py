@@ -49,7 +49,8 @@ def time_candidates(launcher, keys: list[str], args, block_dims: list[int] | Non
     Args:
         launcher: a backend ``Launcher`` with every candidate loaded.
         keys: the candidates' kernel_keys, in the cost order. args: ``launcher.arguments(tensors)``.
-        block_dims: the candidates' threads (one more attempt where 2 threads did not scale).
+        block_dims: the candidates' threads (a second look where 2 threads did not scale;
+            stolen CPU time earns one anyway).
 
     Returns:
         ``timing.Timing``: ``estimates_us`` per candidate, ``contended``; pass a list of
@@ -273,7 +274,8 @@ class PythonModeRun:
                             candidate.tiling_repr, us, 100 * shares[index])
             attempts = max(s.attempts for s in samples)
             if attempts > 1:
-                detail.info("%s: re-timed, %d attempts (preempted or disagreeing samples)", name, attempts)
+                detail.info("%s: re-timed, %d attempts (preempted, disagreeing, stolen or unscaled samples)",
+                            name, attempts)
             best = decision.index
             c.folder.write_choice(list(cs.candidates), best, list(decision.estimates_us), decision.contended, cs.sources)
             self.winners[kid] = best

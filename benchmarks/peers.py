@@ -2,8 +2,9 @@
 
 In one process: first build every variant of every model of benchmarks/bench_models
 once (peer_variants; the in-process ONNX exports and OpenVINO conversions first, then
-the AOTInductor and aotpack builds in niced child processes, ``--build-jobs`` at a time). Then, model by model and per thread count, load each variant,
-check its outputs against eager PyTorch, and time all of them in interleaved rounds
+the AOTInductor and aotpack builds in niced child processes, ``--build-jobs`` at a
+time). Then, model by model and per thread count, load each variant, check its
+outputs against eager PyTorch, and time all of them in interleaved rounds
 (the order rotates each round, so the machine's noise hits every variant alike).
 Prints a table per thread count; writes the result as JSON (after every model),
 docs/performance.md and a chart on request (bench_report). A ~25 min run on 2 busy

@@ -124,6 +124,12 @@ def test_an_inner_cat_cuts_the_write_loop_where_its_piece_changes():
     assert j_segments((5,), 13) == [(0, 5), (5, 13)]
     assert j_segments(tuple(range(1, MAX_J_SPLITS + 2)), 13) == [(0, 13)]
     assert j_segments((), 13) == [(0, 13)]
+    assert j_segments((0, 5, 13, 20), 13) == [(0, 5), (5, 13)]  # cuts outside (0, cols) dropped
+    # a cat inside a row sum: its j runs over the reduction's 13, not the write loop's 7
+    a, b, y = torch.randn(4, 10), torch.randn(4, 3), torch.randn(4, 7)
+    graph = _lower(lambda a, b, y: torch.cat([a, b], dim=1).sum(-1, keepdim=True) + y, a, b, y)
+    (kernel,) = graph.kernels
+    assert kernel.inner_size == 7 and build_body(kernel).j_splits == ()
 
 
 def test_flip_is_a_reversed_index_in_the_consumer():

@@ -306,9 +306,21 @@ def test_short_or_scaling_kernels_get_no_second_look():
 
 
 def test_stolen_time_while_timing_earns_a_second_look():
-    ticks = iter([0, 3])  # GEMM-step variants too: no block_dims
-    result, _ = run({"a": clean(100.0), "b": clean(200.0)}, [], stolen=lambda: next(ticks))
-    assert result.attempts == 2
+    ticks = iter([0, 3])  # 30 ms stolen in a ~5 ms timing; GEMM-step variants too: no block_dims
+    pauses = []
+    result, _ = run({"a": clean(100.0), "b": clean(200.0) + clean(150.0)}, pauses, stolen=lambda: next(ticks))
+    assert pauses == [timing.UNSCALED_PAUSE_S] and result.attempts == 2
+    assert result.estimates_us == [100.0, 150.0]  # the second look was less disturbed: kept
+    little = iter([0, 1])  # 10 ms stolen over a 15 s timing: under STOLEN_SHARE
+    slow, _ = run({"a": clean(1_000_000.0)}, [], stolen=lambda: next(little))
+    assert slow.attempts == 1
+
+
+def test_one_poor_multi_thread_variant_does_not_earn_a_second_look():
+    estimates = Timing([[520.0] * 3, [1000.0] * 3, [900.0] * 3], [[True] * 3] * 3)
+    assert not timing.unscaled(estimates, [2, 1, 2])  # the best 2-thread one scaled
+    assert timing.unscaled(estimates, [1, 1, 2])  # the only 2-thread one: 900 us against 520 on 1 thread
+
 
 
 def test_steal_ticks_is_the_steal_column_and_zero_where_unreadable(monkeypatch, tmp_path):

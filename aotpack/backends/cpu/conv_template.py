@@ -123,11 +123,17 @@ def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | 
 POINTWISE_TILES = {64: ((8, 48), (12, 32)), 32: ((4, 24), (6, 16))}
 
 
+#: ``pointwise`` needs at least this many positions (an AVX-512 vector): fewer (the one
+#: position of a squeeze-excite block) leave most lanes empty, where the direct template's
+#: short tiles do well.
+POINTWISE_MIN_POSITIONS = 16
+
+
 def is_pointwise(kernel: ConvKernel) -> bool:
-    """A 1x1 convolution of stride 1, no padding, with a vector's worth of positions:
-    what the ``pointwise`` layout computes."""
+    """A 1x1 convolution of stride 1, no padding, with ``POINTWISE_MIN_POSITIONS`` or
+    more positions: what the ``pointwise`` layout computes."""
     return (kernel.kernel_size == (1, 1) and kernel.stride == (1, 1) and kernel.padding == (0, 0)
-            and kernel.m >= 16)
+            and kernel.m >= POINTWISE_MIN_POSITIONS)
 
 
 def pointwise_tiling(kernel: ConvKernel, block_dim: int, channels: int, positions: int,

@@ -150,6 +150,7 @@ class KernelWriter:
         self.depends_on_j: set[str] = {"j"}
         self.branches = 0  # depth of Piecewise pieces being written: nothing in them is hoisted
         self.j_splits: set[int] = set()  # j where a piece chosen by j alone changes (``j_segments``)
+        self.write_block = None  # the write loop's block (``build_body``): only its pieces cut it
 
     def _new_var(self) -> str:
         self.counter += 1
@@ -231,11 +232,14 @@ class KernelWriter:
         return name
 
     def _note_j_split(self, index: Index, bound: int) -> None:
-        """Record where ``index < bound`` flips when the index is ``c * j + const`` alone."""
+        """Record where ``index < bound`` flips when the index is ``c * j + const`` alone and
+        the piece is written in the write loop (a reduction's ``j`` runs over its own range)."""
+        if self.write_block is None or self.write_block not in self.stack:
+            return
         if index.terms and all(name == "j" for name, _, _ in index.terms):
             coef, extent = index.coefficient("j"), index.terms[0][2]
             split = -(-(bound - index.const) // coef)  # the first j with c * j + const >= bound
-            if 0 < split < extent:
+            if extent == self.kernel.inner_size and 0 < split < extent:
                 self.j_splits.add(split)
 
     def reduction(self, red: Reduce) -> str:
@@ -353,6 +357,7 @@ def j_segments(splits: tuple, cols: int) -> list[tuple[int, int]]:
     """``[0, cols)`` cut at ``splits`` (a ``cat`` along the inner dimension: in each segment
     every piece is fixed, so GCC folds its compares and reads only that piece), or whole
     past ``MAX_J_SPLITS`` cuts."""
+    splits = tuple(sorted({s for s in splits if 0 < s < cols}))
     if not splits or len(splits) > MAX_J_SPLITS:
         return [(0, cols)]
     bounds = [0, *splits, cols]
@@ -366,6 +371,7 @@ def build_body(kernel: FusedKernel, online: bool = False) -> KernelBody:
     ctx = KernelWriter(kernel, online)
     write = _Block()
     ctx.stack = [ctx.row_block, write]
+    ctx.write_block = write
     write_is_row = True
     stores = []
     for k, (out, expr) in enumerate(zip(kernel.outputs, kernel.exprs)):
