@@ -368,7 +368,8 @@ def decide(timings: list[Timing], block_dims: list[int]) -> Decision:
     """The winner over ``timings`` (one per input set, same candidates in the same order).
 
     Args:
-        block_dims: threads of each candidate (the preference: fewer first, then index).
+        block_dims: threads of each candidate (the preference: fewer first, then index);
+            any ranks of that kind (lower preferred), e.g. a GEMM step's implementations.
 
     Raises:
         ValueError: no timings, or their candidate counts differ from ``block_dims``.
