@@ -65,6 +65,14 @@ def _padded(selector: Index, pad: int, size: int, inner, dtype) -> object:
     return inner if len(pieces) == 1 else Piecewise(selector, tuple(bounds), tuple(pieces), dtype)
 
 
+def _reindexed(source: Value, shape: tuple, fn) -> Pointwise:
+    """A lazy value of ``shape`` reading ``source`` through ``fn`` (index -> expression);
+    a still-lazy ``source`` carries its op count and names into it (``pad`` added)."""
+    lazy = getattr(source, "realized", True) is None
+    return Pointwise(shape, source.dtype, fn, op_count=source.op_count if lazy else 0,
+                     expensive=lazy and source.expensive, op_names=(source.op_names if lazy else ()) + ("pad",))
+
+
 def padded(source: Value, padding: tuple) -> Pointwise:
     """``source`` [..., H, W] bordered by ``padding`` (ph, pw) of ``-inf``: a lazy value
     of shape [..., H + 2ph, W + 2pw] (a Piecewise per dim; only the border reads no input)."""
@@ -76,10 +84,7 @@ def padded(source: Value, padding: tuple) -> Pointwise:
         tap = source.expr([*lead, h + (-ph), w + (-pw)])
         return _padded(h, ph, height, _padded(w, pw, width, tap, dtype), dtype)
 
-    shape = (*source.shape[:-2], height + 2 * ph, width + 2 * pw)
-    lazy = getattr(source, "realized", True) is None
-    return Pointwise(shape, dtype, fn, op_count=source.op_count if lazy else 0,
-                     expensive=lazy and source.expensive, op_names=(source.op_names if lazy else ()) + ("pad",))
+    return _reindexed(source, (*source.shape[:-2], height + 2 * ph, width + 2 * pw), fn)
 
 
 def phase_split(source: Value, stride: int) -> Pointwise:
@@ -96,9 +101,7 @@ def phase_split(source: Value, stride: int) -> Pointwise:
         selector = column.scale(stride) + phase  # the column of source
         return _padded(selector, 0, width, source.expr([*lead, h, selector]), dtype)
 
-    lazy = getattr(source, "realized", True) is None
-    return Pointwise((stride, *source.shape[:-1], columns), dtype, fn, op_count=source.op_count if lazy else 0,
-                     expensive=lazy and source.expensive, op_names=(source.op_names if lazy else ()) + ("pad",))
+    return _reindexed(source, (stride, *source.shape[:-1], columns), fn)
 
 
 def max_pool2d(source: Value, out_shape: tuple, kernel, stride, dilation) -> Pointwise:

@@ -205,24 +205,20 @@ _CONV_EPILOGUE_CPP = {**{name: expr for name, expr in _EPILOGUE_CPP.items() if n
 
 
 def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
-    """C++ source of ``kernel`` compiled with ``tiling``."""
+    """C++ source of ``kernel`` compiled with ``tiling`` (``cpu_pointwise_conv.cpp.j2`` for
+    the ``pointwise`` layout, else ``cpu_conv.cpp.j2``)."""
     (n, c_in, h, w), (oh, ow) = kernel.x_shape, kernel.out_hw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
-    epilogue_text = f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv(x, W){' + bias' if kernel.has_bias else ''}"
+    shared = dict(  # what both templates take
+        tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w, m=kernel.m, n=kernel.n, panel=kernel.panel,
+        vector_bytes=tiling.vector_bytes, mr=tiling.mr, nr=tiling.nr, block_dim=tiling.block_dim,
+        x_offset=kernel.x_offset, has_bias=kernel.has_bias, has_residual=kernel.epilogue in ("add", "add_relu"),
+        residual_offset=kernel.residual_offset, epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue],
+        epilogue_text=f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv(x, W){' + bias' if kernel.has_bias else ''}",
+        optional_helpers=[])
     if tiling.layout == "pointwise":
-        return render("cpu_pointwise_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w,
-                      m=kernel.m, n=kernel.n, panel=kernel.panel, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
-                      nr=tiling.nr, block_dim=tiling.block_dim, x_offset=kernel.x_offset, has_bias=kernel.has_bias,
-                      has_residual=kernel.epilogue in ("add", "add_relu"), residual_offset=kernel.residual_offset,
-                      epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue], epilogue_text=epilogue_text,
-                      optional_helpers=[])
-    return render("cpu_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w, oh=oh, ow=ow,
-                  kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, m=kernel.m, n=kernel.n, k=kernel.k,
-                  panel=kernel.panel, panels=kernel.panels, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
-                  mc=tiling.mc, kc=tiling.kc, block_dim=tiling.block_dim, workspace=tiling.workspace, nr=tiling.nr,
+        return render("cpu_pointwise_conv.cpp.j2", **shared)
+    return render("cpu_conv.cpp.j2", **shared, oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw,
+                  k=kernel.k, panels=kernel.panels, mc=tiling.mc, kc=tiling.kc, workspace=tiling.workspace,
                   padded_bytes=image_region(kernel, tiling.layout), partial_bytes=partial_bytes(kernel, tiling.kc),
-                  nhwc=tiling.layout == "nhwc", copy=tiling.copies(kernel),
-                  x_offset=kernel.x_offset, has_bias=kernel.has_bias,
-                  has_residual=kernel.epilogue in ("add", "add_relu"), residual_offset=kernel.residual_offset,
-                  epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue],
-                  epilogue_text=epilogue_text, optional_helpers=[])
+                  nhwc=tiling.layout == "nhwc", copy=tiling.copies(kernel))

@@ -152,7 +152,8 @@ def render_kernel(kernel: DepthwiseConvKernel, tiling: DepthwiseTiling) -> str:
                   xs=kernel.x_strides, ws=kernel.weight_strides, x_offset=kernel.x_offset,
                   has_bias=kernel.has_bias, bias_offset=kernel.bias_offset, bias_stride=kernel.bias_stride,
                   pitch=pitch(kernel, tiling.lanes), scratch_floats=scratch_floats(kernel, tiling.lanes),
-                  workspace=tiling.workspace, vector_bytes=tiling.vector_bytes, rows=tiling.rows, vecs=tiling.vecs, block_dim=tiling.block_dim,
+                  workspace=tiling.workspace, vector_bytes=tiling.vector_bytes, rows=tiling.rows, vecs=tiling.vecs,
+                  block_dim=tiling.block_dim,
                   chunk=_chunk(kernel, tiling.block_dim), epilogue=kernel.epilogue,
                   epilogue_text=f"{DEPTHWISE_EPILOGUES[kernel.epilogue]} where y = depthwise_conv(x, W){bias}",
                   optional_helpers=[])
