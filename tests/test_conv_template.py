@@ -74,12 +74,15 @@ def test_tilings_default_first_unique_with_their_workspace():
     deep = _kernel((1, 512, 7, 7), 512)  # K = 4608: a panel is 288 KiB, so k blocks of 56 channels
     options = conv_template.solve(deep, 2)
     image, partials = 512 * 9 * 9 * 4, 49 * 512 * 4
-    assert options[:2] == [ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nchw", workspace=image + partials),
+    # past LANES_FIRST_MAX_K the direct default leads and the lanes default (the padded image, one k block) follows
+    assert options[:3] == [ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nchw", workspace=image + partials),
+                           ConvTiling(block_dim=2, mr=4, mc=24, kc=512, layout="lanes", workspace=image, nr=24),
                            ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nhwc", workspace=image + partials)]
     assert options[0].tiling_repr == "cpu_conv;block_dim=2;mr=6;mc=54;kc=56;layout=nchw"
-    assert len(set(options)) == len(options) and all(o.block_dim <= 2 and o.mc % o.mr == 0 for o in options)
+    assert len(set(options)) == len(options) and all(o.block_dim <= 2 for o in options)
+    assert all(o.mc % o.mr == 0 for o in options if o.layout != "lanes")
     assert {o.kc for o in options} == {56, 512} and {o.mr for o in options} == {4, 6}
-    whole = [o for o in options if o.kc == 512]
+    whole = [o for o in options if o.kc == 512 and o.layout != "lanes"]
     assert [o.workspace for o in whole] == [image]  # one k block: no partial sums
     pointwise = _kernel((1, 8, 5, 5), 16, (1, 1), padding=(0, 0))
     unpadded = conv_template.solve(pointwise, 4)
@@ -90,6 +93,9 @@ def test_tilings_default_first_unique_with_their_workspace():
     assert (unpadded[3].mr, unpadded[3].nr) == (6, 16)  # the other AVX2 register tile
     assert unpadded[4].layout == "nhwc" and unpadded[4].workspace == 832  # the channels-last copy: 800 bytes, 64-aligned
     assert conv_template.solve(deep, 2, count=2) == options[:2]
+    shallow = conv_template.solve(_kernel((1, 16, 12, 12), 16), 2)  # K = 144: lanes first
+    assert [(o.layout, o.workspace) for o in shallow[:2]] == [("lanes", 16 * 14 * 14 * 4), ("nchw", 16 * 14 * 14 * 4)]
+    assert shallow[0].tiling_repr == "cpu_conv;block_dim=1;mr=4;mc=24;kc=16;layout=lanes;nr=24"
 
 
 @pytest.mark.unit
@@ -125,6 +131,13 @@ CASES = [  # x shape, C_out, kernel, stride, padding, dilation, epilogue, bias, 
     ((2, 5, 9, 7), 13, (1, 1), (1, 1), (0, 0), (1, 1), "hardswish", True, 2, 0),
     ((1, 24, 8, 8), 40, (1, 1), (1, 1), (0, 0), (1, 1), "add_relu", True, 0, 3),
     ((1, 3, 4, 5), 16, (1, 1), (1, 1), (0, 0), (1, 1), "hardsigmoid", False, 0, 0),
+    # lanes: rows of a padded copy (a tile across rows, 2 dropped columns), batch 2 with a
+    # residual; no padding; a padded 1x3; dilation 2; a 3x1 whose rows need no dropping
+    ((2, 7, 11, 13), 20, (3, 3), (1, 1), (1, 1), (1, 1), "add_relu", True, 1, 2),
+    ((1, 9, 10, 12), 17, (3, 3), (1, 1), (0, 0), (1, 1), "relu", False, 0, 0),
+    ((1, 6, 5, 19), 24, (1, 3), (1, 1), (0, 1), (1, 1), "hardswish", True, 0, 0),
+    ((1, 4, 12, 12), 9, (3, 3), (1, 1), (2, 2), (2, 2), "none", True, 0, 0),
+    ((1, 5, 9, 17), 33, (3, 1), (1, 1), (1, 0), (1, 1), "add", False, 0, 0),
 ]
 
 
@@ -137,10 +150,10 @@ def _tilings(kernel: ConvKernel) -> list[ConvTiling]:
     wide = [conv_template.make_tiling(kernel, 2, 14, 3, vector_bytes=64),  # AVX-512 (AVX2 code without it)
             conv_template.make_tiling(kernel, 2, 10, 3, vector_bytes=64, nr=32),
             conv_template.make_tiling(kernel, 1, 8, kernel.x_shape[1], layout="nhwc", vector_bytes=64)]
-    pointwise = [conv_template.pointwise_tiling(kernel, *knobs) for knobs in
-                 ((2, 8, 48, 64), (1, 12, 32, 64), (2, 4, 24, 32), (1, 6, 16, 32), (1, 3, 64, 64))]
+    lanes = [conv_template.lanes_tiling(kernel, *knobs) for knobs in
+             ((2, 8, 48, 64), (1, 12, 32, 64), (2, 4, 24, 32), (1, 6, 16, 32), (1, 3, 64, 64))]
     return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra + wide
-                              + (pointwise if conv_template.is_pointwise(kernel) else [])))
+                              + (lanes if conv_template.lanes_layout(kernel) else [])))
 
 
 @pytest.mark.native

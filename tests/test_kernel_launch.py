@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -212,3 +214,25 @@ def test_generated_model_allocates_the_workspace(tmp_path, kernel_dir, limit_arg
     assert result.returncode == 0, result.stderr
     with np.load(tmp_path / "o.npz") as out:
         assert out["probe"].tolist() == [WORKSPACE, 0, expected_sum(42), threads]
+
+
+def test_profile_table_counts_every_launch(tmp_path, kernel_dir):
+    """AOTPACK_PROFILE=1: the generated model.so times each launch and prints the table
+    to stderr when the model is destroyed; unset, it prints nothing."""
+    if not RUN.exists():
+        pytest.fail(f"{RUN} is missing; build native/ first (native/README.md)")
+    archive = _archive(tmp_path, kernel_dir)
+    np.save(tmp_path / "seed.npy", np.array([42], dtype=np.int64))
+    command = [str(RUN), str(archive), str(tmp_path / "seed.npy"), "--bench", "5", "--warmup", "2"]
+    profiled = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "AOTPACK_PROFILE": "1"})
+    assert profiled.returncode == 0, profiled.stderr
+    lines = profiled.stderr.splitlines()
+    assert lines[:2] == ["aotpack profile of wsk 0.1.0 (kernel launches only; us):",
+                         "  kernel                              calls     total_us    us/call   share"]
+    # the 5 --bench runs and the 2 warm-ups
+    assert re.fullmatch(r"  wsk +7 +\d+ +\d+\.\d +100\.0%", lines[2]), lines
+    assert len(lines) == 3
+    quiet = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "AOTPACK_PROFILE": "0"})
+    assert quiet.returncode == 0 and quiet.stderr == ""

@@ -49,6 +49,7 @@ constexpr char kUsage[] =
     "The archive is extracted to $XDG_CACHE_HOME/aotpack/runtime/ (default ~/.cache) and\n"
     "reused by later runs; AOTPACK_RUNTIME_CACHE=0 extracts to a private $TMPDIR folder.\n"
     "SIGINT, SIGTERM and SIGHUP stop it cleanly (exit 128+signal) with nothing left behind.\n"
+    "AOTPACK_PROFILE=1 prints each fused kernel's launches and time (us) to stderr at exit.\n"
     "  -h, --help         show this help\n";
 
 struct UsageError : std::runtime_error {

@@ -18,13 +18,18 @@ where there is none): a tile's row then reads consecutive floats over the channe
 a tap, not one float per channel plane (a page apart in a 56x56 layer); the copy costs
 a pass over the input, which a 1x1 convolution with little K may not repay.
 
-``layout`` ``pointwise`` (1x1 convolutions of stride 1 and no padding only) renders
-``templates/cpu_pointwise_conv.cpp.j2`` instead: the GEMM ``out[N][M] = W[N][K] @ x[K][M]``
-with the positions in the vector lanes, so x's NCHW rows load as vectors, the epilogue
-runs on vectors and a channel's outputs are stored contiguously. A 1x1 convolution with
-little K (MobileNet's expansions: 16 or 24 input channels) spends most of the direct
-template's time storing each position's channels a plane apart; this one does not. Its
-register tile is ``mr`` channels x ``nr`` positions (``mc`` = ``nr``, ``kc`` = C_in).
+``layout`` ``lanes`` (stride-1 convolutions) renders ``templates/cpu_lanes_conv.cpp.j2``
+instead: the GEMM ``out[N][positions] = W[N][K] @ x windows`` with the positions in the
+vector lanes. With stride 1, one tap of consecutive positions of a row is consecutive
+floats of x, and over the rows of the zero-bordered copy (width W + 2*pw) it is one
+constant offset for every position: the kernel computes every position of those rows and
+stores only the OW valid columns of each. So x's rows load as vectors, the epilogue runs
+on vectors and a channel's outputs are stored contiguously, where the direct template
+stores each position's channels a plane apart (a 56x56 plane is 12 KB). ``pointwise`` is
+the same template for a 1x1 convolution without padding, which reads x in place: a 1x1
+convolution with little K (MobileNet's expansions: 16 or 24 input channels) spends most of
+the direct template's time in those stores. The register tile is ``mr`` channels x ``nr``
+positions (``mc`` = ``nr``, ``kc`` = C_in).
 
 Knobs (the tiling): ``mr``, ``mc`` (positions per group), ``kc``, ``layout``, ``block_dim``.
 """
@@ -89,7 +94,7 @@ def image_region(kernel: ConvKernel, layout: str) -> int:
     """Bytes the image copy takes at the workspace's start (64-byte aligned): the padded
     image, in either layout; none for ``nchw`` without padding (read in place)."""
     (ph, pw), (c, h, w) = kernel.padding, kernel.x_shape[1:]
-    if layout in ("nchw", "pointwise") and not (ph or pw):
+    if layout in ("nchw", "lanes", "pointwise") and not (ph or pw):
         return 0
     return -(-(c * (h + 2 * ph) * (w + 2 * pw) * 4) // 64) * 64
 
@@ -118,41 +123,56 @@ def make_tiling(kernel: ConvKernel, block_dim: int, mr: int, kc: int, mc: int | 
                       nr=nr if kernel.panels > 1 else 16)
 
 
-#: ``pointwise`` register tiles (channels, positions) per vector width, the default first:
-#: accumulators + one vector of x per lane group + a broadcast within the 32 (16) registers.
-POINTWISE_TILES = {64: ((8, 48), (12, 32)), 32: ((4, 24), (6, 16))}
+#: ``lanes`` / ``pointwise`` register tiles (channels, positions) per vector width, the default
+#: first: accumulators + one vector of x per lane group + a broadcast within the 32 (16) registers.
+LANES_TILES = {64: ((8, 48), (12, 32)), 32: ((4, 24), (6, 16))}
 
 
-#: ``pointwise`` needs at least this many positions (an AVX-512 vector): fewer (the one
-#: position of a squeeze-excite block) leave most lanes empty, where the direct template's
-#: short tiles do well.
-POINTWISE_MIN_POSITIONS = 16
+#: ``lanes`` / ``pointwise`` need at least this many positions (an AVX-512 vector): fewer
+#: (the one position of a squeeze-excite block) leave most lanes empty, where the direct
+#: template's short tiles do well.
+LANES_MIN_POSITIONS = 16
+
+
+#: A ``lanes`` convolution's tiling goes first up to this K (C_in x taps); past it the direct
+#: default does. Measured at 1 thread (AVX-512): 16-32 channels x 9 taps, lanes 0.8-0.9x
+#: the direct template; 64 x 9 level; 128 x 9, 1.15x.
+LANES_FIRST_MAX_K = 576
 
 
 def is_pointwise(kernel: ConvKernel) -> bool:
-    """A 1x1 convolution of stride 1, no padding, with ``POINTWISE_MIN_POSITIONS`` or
-    more positions: what the ``pointwise`` layout computes."""
-    return (kernel.kernel_size == (1, 1) and kernel.stride == (1, 1) and kernel.padding == (0, 0)
-            and kernel.m >= POINTWISE_MIN_POSITIONS)
+    """A 1x1 convolution of stride 1, no padding, with ``LANES_MIN_POSITIONS`` or more
+    positions: the ``pointwise`` layout (x read in place)."""
+    return kernel.kernel_size == (1, 1) and kernel.padding == (0, 0) and lanes_layout(kernel) is not None
 
 
-def pointwise_tiling(kernel: ConvKernel, block_dim: int, channels: int, positions: int,
-                     vector_bytes: int) -> ConvTiling:
-    """The ``pointwise`` tiling of ``channels`` x ``positions`` register tiles."""
-    return ConvTiling(block_dim=block_dim, mr=channels, mc=positions, kc=kernel.x_shape[1], layout="pointwise",
-                      vector_bytes=vector_bytes, nr=positions)
+def lanes_layout(kernel: ConvKernel) -> str | None:
+    """``pointwise`` (1x1, no padding), ``lanes`` (any other stride-1 convolution) or
+    ``None`` (strided, or fewer than ``LANES_MIN_POSITIONS`` positions)."""
+    if kernel.stride != (1, 1) or kernel.m < LANES_MIN_POSITIONS:
+        return None
+    return "pointwise" if kernel.kernel_size == (1, 1) and kernel.padding == (0, 0) else "lanes"
 
 
-def _pointwise_options(kernel: ConvKernel, threads: int, device_limit: int, vector_bytes: int) -> list:
-    """The ``pointwise`` default and its variants (other thread count, other tile), or none."""
-    if not is_pointwise(kernel):
+def lanes_tiling(kernel: ConvKernel, block_dim: int, channels: int, positions: int,
+                 vector_bytes: int) -> ConvTiling:
+    """The ``lanes`` (``pointwise``) tiling of ``channels`` x ``positions`` register tiles;
+    its workspace is the zero-bordered copy of one image, if the convolution pads."""
+    layout = lanes_layout(kernel)
+    return ConvTiling(block_dim=block_dim, mr=channels, mc=positions, kc=kernel.x_shape[1], layout=layout,
+                      workspace=image_region(kernel, layout), vector_bytes=vector_bytes, nr=positions)
+
+
+def _lanes_options(kernel: ConvKernel, threads: int, device_limit: int, vector_bytes: int) -> list:
+    """The ``lanes`` / ``pointwise`` default and its variants (other thread count, other
+    tile), or none."""
+    if lanes_layout(kernel) is None:
         return []
-    (channels, positions), other = POINTWISE_TILES[vector_bytes]
-    options = [pointwise_tiling(kernel, threads, channels, positions, vector_bytes)]
+    (channels, positions), other = LANES_TILES[vector_bytes]
+    options = [lanes_tiling(kernel, threads, channels, positions, vector_bytes)]
     if device_limit > 1:
-        options.append(pointwise_tiling(kernel, device_limit if threads == 1 else 1, channels, positions,
-                                        vector_bytes))
-    options.append(pointwise_tiling(kernel, threads, *other, vector_bytes))
+        options.append(lanes_tiling(kernel, device_limit if threads == 1 else 1, channels, positions, vector_bytes))
+    options.append(lanes_tiling(kernel, threads, *other, vector_bytes))
     return options
 
 
@@ -165,9 +185,10 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     groups from ``_group_positions``, k blocks from ``_default_kc``, all ``device_limit``
     threads unless the convolution is under ``PARALLEL_MIN_FLOPS``. Then one knob at a
     time: the channels-last layout, the other thread count, the other ``mr``, the whole K
-    or blocks of half as many channels, one group of every tile. A ``pointwise``
-    convolution (``is_pointwise``) puts that layout's tiling first and the direct default
-    second, then the rest of both.
+    or blocks of half as many channels, one group of every tile. A convolution of stride 1
+    (``lanes_layout``) adds the ``lanes`` / ``pointwise`` tilings: first, then the direct
+    default, then the rest of both, for a 1x1 or a K up to ``LANES_FIRST_MAX_K``; else the
+    direct default first and the ``lanes`` default second.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     c_in = kernel.x_shape[1]
@@ -183,9 +204,11 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     if other_kc:
         options.append(make_tiling(kernel, threads, mr, other_kc, **wide))
     options.append(make_tiling(kernel, threads, mr, kc, -(-kernel.m // mr) * mr, **wide))
-    pointwise = _pointwise_options(kernel, threads, device_limit, vector_bytes)
-    if pointwise:
-        options = [pointwise[0], options[0], *pointwise[1:], *options[1:]]
+    lanes = _lanes_options(kernel, threads, device_limit, vector_bytes)
+    if lanes and (lanes[0].layout == "pointwise" or kernel.k <= LANES_FIRST_MAX_K):
+        options = [lanes[0], options[0], *lanes[1:], *options[1:]]
+    elif lanes:
+        options = [options[0], lanes[0], *options[1:], *lanes[1:]]
     unique = list(dict.fromkeys(options))
     return unique[:min(count, MAX_TOPN)]
 
@@ -205,8 +228,8 @@ _CONV_EPILOGUE_CPP = {**{name: expr for name, expr in _EPILOGUE_CPP.items() if n
 
 
 def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
-    """C++ source of ``kernel`` compiled with ``tiling`` (``cpu_pointwise_conv.cpp.j2`` for
-    the ``pointwise`` layout, else ``cpu_conv.cpp.j2``)."""
+    """C++ source of ``kernel`` compiled with ``tiling`` (``cpu_lanes_conv.cpp.j2`` for
+    the ``lanes`` and ``pointwise`` layouts, else ``cpu_conv.cpp.j2``)."""
     (n, c_in, h, w), (oh, ow) = kernel.x_shape, kernel.out_hw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
     shared = dict(  # what both templates take
@@ -216,9 +239,10 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
         residual_offset=kernel.residual_offset, epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue],
         epilogue_text=f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv(x, W){' + bias' if kernel.has_bias else ''}",
         optional_helpers=[])
-    if tiling.layout == "pointwise":
-        return render("cpu_pointwise_conv.cpp.j2", **shared)
-    return render("cpu_conv.cpp.j2", **shared, oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw,
-                  k=kernel.k, panels=kernel.panels, mc=tiling.mc, kc=tiling.kc, workspace=tiling.workspace,
-                  padded_bytes=image_region(kernel, tiling.layout), partial_bytes=partial_bytes(kernel, tiling.kc),
-                  nhwc=tiling.layout == "nhwc", copy=tiling.copies(kernel))
+    window = dict(oh=oh, ow=ow, kh=kh, kw=kw, ph=ph, pw=pw, dh=dh, dw=dw, workspace=tiling.workspace,
+                  copy=tiling.copies(kernel))
+    if tiling.layout in ("lanes", "pointwise"):
+        return render("cpu_lanes_conv.cpp.j2", **shared, **window, dense=pw == 0 and (kw - 1) * dw == 0)
+    return render("cpu_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, k=kernel.k, panels=kernel.panels,
+                  mc=tiling.mc, kc=tiling.kc, padded_bytes=image_region(kernel, tiling.layout),
+                  partial_bytes=partial_bytes(kernel, tiling.kc), nhwc=tiling.layout == "nhwc")
