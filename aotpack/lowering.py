@@ -688,10 +688,11 @@ class Lowerer:
         if params is None or not pooling.is_values_only(node) or not pooling.supported(source):
             return None
         kernel, stride, padding, dilation = params
-        staged = pooling.phase_split(pooling.padded(source, padding), stride[1])
+        out_shape = tuple(_meta(node)[0].shape)
+        rows = pooling.row_max(source, out_shape[-2], kernel, stride, padding, dilation)
         if padding != (0, 0) or stride[1] > 1:
-            self.realize(staged)  # one copy: the -inf border and the column phases
-        return pooling.max_pool2d(staged, tuple(_meta(node)[0].shape), kernel, stride, dilation), None
+            self.realize(rows)  # separable: the rows' maximum over the padded width, then the columns'
+        return pooling.column_max(rows, out_shape, kernel, stride, dilation), None
 
     def _cat(self, node):
         """``torch.cat`` as a lazy value: element ``index`` is read from the input whose

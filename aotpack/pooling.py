@@ -4,10 +4,12 @@ ATen's NCHW ``max_pool2d_with_indices`` is a scalar loop (6.7 ms for ResNet-18's
 stride-2 pool of 64x112x112 at one thread here, against 0.25 ms for oneDNN on its own
 layout), and it also writes the int64 indices inference never reads. Lowered here, the
 pool is a pointwise value: each output element is the ``maximum`` of its window's taps,
-the consumer's kernel reads it directly. The input is first copied once with a ``-inf``
-border (as PyTorch pads max pooling) and its columns dealt into ``stride`` phases, so
-every tap is a unit-stride read without a bounds check (the depthwise template stages its
-planes the same way).
+the consumer's kernel reads it directly. A pool that pads or strides along the width is
+separable (``row_max``, realized, then ``column_max``): the maximum over a window's rows
+reads whole input rows and writes every column of the ``-inf``-bordered width (as PyTorch
+pads max pooling), so the columns' maximum then reads ``ow * sw + j * dw`` without a
+bounds check. Without either, ``row_max`` stays lazy and the one kernel reads the
+windows in place.
 ``maximum`` propagates NaN, as the ATen kernel does.
 """
 from __future__ import annotations
@@ -65,68 +67,53 @@ def _padded(selector: Index, pad: int, size: int, inner, dtype) -> object:
     return inner if len(pieces) == 1 else Piecewise(selector, tuple(bounds), tuple(pieces), dtype)
 
 
-def _reindexed(source: Value, shape: tuple, fn) -> Pointwise:
-    """A lazy value of ``shape`` reading ``source`` through ``fn`` (index -> expression);
-    a still-lazy ``source`` carries its op count and names into it (``pad`` added)."""
+def row_max(source: Value, out_rows: int, kernel, stride, padding, dilation) -> Pointwise:
+    """The first pass of a separable max pool: ``V[..., oh, w]``, the maximum over the ``kh``
+    rows of window row ``oh`` of ``source`` [..., H, W] bordered by ``-inf`` (``padding``
+    (ph, pw)), for every column ``w`` of the padded width W + 2pw. Rows are read whole and
+    contiguous, and the border is a condition on the row (taken out of the column loop) or
+    on the first and last ``pw`` columns (their own loop segments), so the pass vectorises
+    without masks. Rows a ``ceil_mode`` window runs past are ``-inf``."""
+    (kh, _), (sh, _), (ph, pw), (dh, _) = kernel, stride, padding, dilation
+    height, width = source.shape[-2:]
+    dtype = source.dtype
+
+    def fn(index):
+        *lead, oh, w = index
+        best = None
+        for i in range(kh):
+            h = oh.scale(sh) + i * dh  # the padded row
+            tap = source.expr([*lead, h + (-ph), w + (-pw)])
+            tap = _padded(h, ph, height, _padded(w, pw, width, tap, dtype), dtype)
+            best = tap if best is None else Op("maximum", (best, tap), dtype)
+        return best
+
     lazy = getattr(source, "realized", True) is None
-    return Pointwise(shape, source.dtype, fn, op_count=source.op_count if lazy else 0,
-                     expensive=lazy and source.expensive, op_names=(source.op_names if lazy else ()) + ("pad",))
+    return Pointwise((*source.shape[:-2], out_rows, width + 2 * pw), dtype, fn,
+                     op_count=kh - 1 + (source.op_count if lazy else 0), expensive=lazy and source.expensive,
+                     op_names=(source.op_names if lazy else ()) + ("max_pool2d_rows",))
 
 
-def padded(source: Value, padding: tuple) -> Pointwise:
-    """``source`` [..., H, W] bordered by ``padding`` (ph, pw) of ``-inf``: a lazy value
-    of shape [..., H + 2ph, W + 2pw] (a Piecewise per dim; only the border reads no input)."""
-    (ph, pw), (height, width) = padding, source.shape[-2:]
-    dtype = source.dtype
-
-    def fn(index):
-        *lead, h, w = index
-        tap = source.expr([*lead, h + (-ph), w + (-pw)])
-        return _padded(h, ph, height, _padded(w, pw, width, tap, dtype), dtype)
-
-    return _reindexed(source, (*source.shape[:-2], height + 2 * ph, width + 2 * pw), fn)
-
-
-def phase_split(source: Value, stride: int) -> Pointwise:
-    """``source`` [..., H, W] with its columns dealt into ``stride`` phases: a lazy value
-    [stride, ..., H, ceil(W / stride)] whose phase ``p`` holds columns p, p + stride, ...
-    (``-inf`` past the end), so a stride-``stride`` window reads each tap as one unit-stride
-    run of one phase (a vector load, not a gather)."""
-    width = source.shape[-1]
-    columns = -(-width // stride)
-    dtype = source.dtype
-
-    def fn(index):
-        phase, *lead, h, column = index
-        selector = column.scale(stride) + phase  # the column of source
-        return _padded(selector, 0, width, source.expr([*lead, h, selector]), dtype)
-
-    return _reindexed(source, (stride, *source.shape[:-1], columns), fn)
-
-
-def max_pool2d(source: Value, out_shape: tuple, kernel, stride, dilation) -> Pointwise:
-    """The values of ``max_pool2d`` over a padded, phase-split ``source`` ([SW, ..., H, W']
-    from ``phase_split(padded(x), SW)``; ``out_shape`` [..., OH, OW], float dtypes) as a
-    lazy value with unit-stride reads along OW; every argument an (h, w) pair. A window
-    that runs past the padded input (``ceil_mode``) is cut at its end, as PyTorch cuts it."""
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    height, columns = source.shape[-2:]
-    dtype = source.dtype
+def column_max(rows: Value, out_shape: tuple, kernel, stride, dilation) -> Pointwise:
+    """The second pass: ``out[..., oh, ow]`` = the maximum over the ``kw`` taps
+    ``V[..., oh, ow*sw + j*dw]`` of ``row_max``'s ``V`` (already ``-inf`` where the padding
+    is; a ``ceil_mode`` window past its end reads ``-inf`` there too)."""
+    (_, kw), (_, sw), (_, dw) = kernel, stride, dilation
+    columns = rows.shape[-1]
+    dtype = rows.dtype
 
     def fn(index):
         *lead, oh, ow = index
         best = None
-        for i in range(kh):
-            h = oh.scale(sh) + i * dh
-            for j in range(kw):
-                phase, shift = divmod(j * dw, sw)[::-1]  # column ow*sw + j*dw = phase + sw*(ow + shift)
-                w = ow + shift
-                tap = source.expr([Index.constant(phase), *lead, h, w])
-                tap = _padded(h, 0, height, _padded(w, 0, columns, tap, dtype), dtype)
-                best = tap if best is None else Op("maximum", (best, tap), dtype)
+        for j in range(kw):
+            w = ow.scale(sw) + j * dw
+            tap = _padded(w, 0, columns, rows.expr([*lead, oh, w]), dtype)
+            best = tap if best is None else Op("maximum", (best, tap), dtype)
         return best
 
-    return Pointwise(tuple(out_shape), dtype, fn, op_count=kh * kw - 1, op_names=("max_pool2d",))
+    lazy = getattr(rows, "realized", True) is None  # no padding nor width stride: one pass
+    return Pointwise(tuple(out_shape), dtype, fn, op_count=kw - 1 + (rows.op_count if lazy else 0),
+                     expensive=lazy and rows.expensive, op_names=(rows.op_names if lazy else ()) + ("max_pool2d",))
 
 
 def is_values_only(node) -> bool:

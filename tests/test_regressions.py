@@ -108,5 +108,8 @@ def test_max_pool_is_fused_unless_its_indices_are_read(build_model, tmp_path):
     graph = lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
     assert [str(call.op) for call in graph.extern_calls()] == ["aten.max_pool2d_with_indices.default"]  # indices read
     names = [kernel.name for kernel in graph.kernels]
-    assert sum("max_pool2d" in name for name in names) == 4  # each pool one kernel, its staged copy another
-    assert sum("pad" in name for name in names) == 4 and not any("pad" in n and "max_pool2d" in n for n in names)
+    # each pool two kernels (all four pad or stride): the rows' maximum over the padded width, the
+    # ReLU fused into it, then the columns'
+    assert names == ["fused_relu_max_pool2d_rows_3", "fused_max_pool2d_rows_4", "fused_max_pool2d_rows_5",
+                     "fused_max_pool2d_rows_6", "fused_max_pool2d_7", "fused_max_pool2d_8", "fused_max_pool2d_9",
+                     "fused_max_pool2d_10", "fused_add_11"]
