@@ -14,6 +14,7 @@ windows in place.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -67,6 +68,19 @@ def _padded(selector: Index, pad: int, size: int, inner, dtype) -> object:
     return inner if len(pieces) == 1 else Piecewise(selector, tuple(bounds), tuple(pieces), dtype)
 
 
+def _pool_pass(source: Value, shape: tuple, taps, count: int, name: str) -> Pointwise:
+    """A lazy value of ``shape``: the ``maximum`` of ``taps(index)`` (the ``count``
+    expressions of one pass's window taps); a still-lazy ``source`` carries its op count
+    and names into it."""
+    lazy = getattr(source, "realized", True) is None
+
+    def fn(index):
+        return functools.reduce(lambda best, tap: Op("maximum", (best, tap), source.dtype), taps(index))
+
+    return Pointwise(tuple(shape), source.dtype, fn, op_count=count - 1 + (source.op_count if lazy else 0),
+                     expensive=lazy and source.expensive, op_names=(source.op_names if lazy else ()) + (name,))
+
+
 def row_max(source: Value, out_rows: int, kernel, stride, padding, dilation) -> Pointwise:
     """The first pass of a separable max pool: ``V[..., oh, w]``, the maximum over the ``kh``
     rows of window row ``oh`` of ``source`` [..., H, W] bordered by ``-inf`` (``padding``
@@ -78,42 +92,32 @@ def row_max(source: Value, out_rows: int, kernel, stride, padding, dilation) -> 
     height, width = source.shape[-2:]
     dtype = source.dtype
 
-    def fn(index):
+    def taps(index):
         *lead, oh, w = index
-        best = None
+        found = []
         for i in range(kh):
             h = oh.scale(sh) + i * dh  # the padded row
             tap = source.expr([*lead, h + (-ph), w + (-pw)])
-            tap = _padded(h, ph, height, _padded(w, pw, width, tap, dtype), dtype)
-            best = tap if best is None else Op("maximum", (best, tap), dtype)
-        return best
+            found.append(_padded(h, ph, height, _padded(w, pw, width, tap, dtype), dtype))
+        return found
 
-    lazy = getattr(source, "realized", True) is None
-    return Pointwise((*source.shape[:-2], out_rows, width + 2 * pw), dtype, fn,
-                     op_count=kh - 1 + (source.op_count if lazy else 0), expensive=lazy and source.expensive,
-                     op_names=(source.op_names if lazy else ()) + ("max_pool2d_rows",))
+    return _pool_pass(source, (*source.shape[:-2], out_rows, width + 2 * pw), taps, kh, "max_pool2d_rows")
 
 
 def column_max(rows: Value, out_shape: tuple, kernel, stride, dilation) -> Pointwise:
     """The second pass: ``out[..., oh, ow]`` = the maximum over the ``kw`` taps
     ``V[..., oh, ow*sw + j*dw]`` of ``row_max``'s ``V`` (already ``-inf`` where the padding
-    is; a ``ceil_mode`` window past its end reads ``-inf`` there too)."""
+    is; a ``ceil_mode`` window past its end reads ``-inf`` there too). Unrealized (no
+    padding nor width stride), ``V`` is computed in this one pass."""
     (_, kw), (_, sw), (_, dw) = kernel, stride, dilation
     columns = rows.shape[-1]
-    dtype = rows.dtype
 
-    def fn(index):
+    def taps(index):
         *lead, oh, ow = index
-        best = None
-        for j in range(kw):
-            w = ow.scale(sw) + j * dw
-            tap = _padded(w, 0, columns, rows.expr([*lead, oh, w]), dtype)
-            best = tap if best is None else Op("maximum", (best, tap), dtype)
-        return best
+        return [_padded(w, 0, columns, rows.expr([*lead, oh, w]), rows.dtype)
+                for w in (ow.scale(sw) + j * dw for j in range(kw))]
 
-    lazy = getattr(rows, "realized", True) is None  # no padding nor width stride: one pass
-    return Pointwise(tuple(out_shape), dtype, fn, op_count=kw - 1 + (rows.op_count if lazy else 0),
-                     expensive=lazy and rows.expensive, op_names=(rows.op_names if lazy else ()) + ("max_pool2d",))
+    return _pool_pass(rows, out_shape, taps, kw, "max_pool2d")
 
 
 def is_values_only(node) -> bool:

@@ -108,8 +108,8 @@ def test_max_pool_is_fused_unless_its_indices_are_read(build_model, tmp_path):
     graph = lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
     assert [str(call.op) for call in graph.extern_calls()] == ["aten.max_pool2d_with_indices.default"]  # indices read
     names = [kernel.name for kernel in graph.kernels]
-    # each pool two kernels (all four pad or stride): the rows' maximum over the padded width, the
-    # ReLU fused into it, then the columns'
+    # a pool that pads or strides along the width is two kernels: the rows' maximum over the
+    # padded width (the ReLU fused into the first), then the columns'; the row-strided one is one
     assert names == ["fused_relu_max_pool2d_rows_3", "fused_max_pool2d_rows_4", "fused_max_pool2d_rows_5",
                      "fused_max_pool2d_rows_6", "fused_max_pool2d_7", "fused_max_pool2d_8", "fused_max_pool2d_9",
-                     "fused_max_pool2d_10", "fused_add_11"]
+                     "fused_max_pool2d_10", "fused_max_pool2d_rows_max_pool2d_11", "fused_add_12"]

@@ -1,7 +1,7 @@
 """Max pooling lowered to fused kernels (``aotpack/pooling.py``): ResNet's 3x3 stride-2
 pool with padding of a ReLU, no padding, dilation with ceil_mode (windows cut at the
-end), a 3-D input, NaN and -inf in the windows; a pool whose indices are read stays an
-ATen call."""
+end), a 3-D input, a stride along the rows only (one pass, read in place), NaN and -inf
+in the windows; a pool whose indices are read stays an ATen call."""
 import torch
 import torch.nn.functional as F
 
@@ -11,7 +11,7 @@ class MaxPool(torch.nn.Module):
         values, indices = F.max_pool2d(x, 2, return_indices=True)
         return (F.max_pool2d(torch.relu(x), 3, 2, 1), F.max_pool2d(x, 2),
                 F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True), F.max_pool2d(x[0], (2, 3), (1, 2), (1, 1)),
-                values + 1, indices)
+                F.max_pool2d(x, (3, 2), (2, 1)), values + 1, indices)
 
 
 def model():

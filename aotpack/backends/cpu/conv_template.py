@@ -92,7 +92,8 @@ def _group_positions(kernel: ConvKernel, mr: int) -> int:
 
 def image_region(kernel: ConvKernel, layout: str) -> int:
     """Bytes the image copy takes at the workspace's start (64-byte aligned): the padded
-    image, in either layout; none for ``nchw`` without padding (read in place)."""
+    image, in any layout; none for ``nchw``, ``lanes`` or ``pointwise`` without padding
+    (read in place)."""
     (ph, pw), (c, h, w) = kernel.padding, kernel.x_shape[1:]
     if layout in ("nchw", "lanes", "pointwise") and not (ph or pw):
         return 0
@@ -138,12 +139,6 @@ LANES_MIN_POSITIONS = 16
 #: default does. Measured at 1 thread (AVX-512): 16-32 channels x 9 taps, lanes 0.8-0.9x
 #: the direct template; 64 x 9 level; 128 x 9, 1.15x.
 LANES_FIRST_MAX_K = 576
-
-
-def is_pointwise(kernel: ConvKernel) -> bool:
-    """A 1x1 convolution of stride 1, no padding, with ``LANES_MIN_POSITIONS`` or more
-    positions: the ``pointwise`` layout (x read in place)."""
-    return kernel.kernel_size == (1, 1) and kernel.padding == (0, 0) and lanes_layout(kernel) is not None
 
 
 def lanes_layout(kernel: ConvKernel) -> str | None:
