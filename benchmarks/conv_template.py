@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clock", choices=sorted(CLOCK), default="wall",
                         help="thread: time by the thread's CPU time (1 thread; for a busy machine)")
+    parser.add_argument("--every", action="store_true", help="also print every tiling's median")
     args = parser.parse_args()
     global _clock
     _clock = CLOCK[args.clock]
@@ -125,6 +126,9 @@ def main() -> None:
                 print(f"{shape:>22} {best.removeprefix('template'):>26} {own[best]:8.1f} "
                       f"{result['_gflops'] / own[best]:7.1f} {next(iter(own.values())):10.1f} {' '.join(cells)}",
                       flush=True)
+                if args.every:
+                    for name, us in own.items():
+                        print(f"{'':>22} {name.removeprefix('template'):>60} {us:8.1f}")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,21 @@ def test_tilings_default_first_unique_with_their_workspace():
     assert shallow[0].tiling_repr == "cpu_conv;block_dim=1;mr=4;mc=24;kc=16;layout=lanes;nr=24"
 
 
+
+
+@pytest.mark.unit
+def test_strided_lanes_split_the_image_into_its_phases():
+    stem = _kernel((1, 3, 224, 224), 16, (3, 3), (2, 2), (1, 1))  # MobileNet's stem: strided 3x3, lanes second
+    # 2 x 2 phases of 112 + 1 rows and columns each (the taps reach one row, one column further)
+    assert conv_template.lanes_phases(stem) == (2, 2, 113, 113)
+    first, second = conv_template.solve(stem, 2)[:2]
+    assert (first.layout, second.layout, second.workspace) == ("nchw", "lanes", -(-3 * 4 * 113 * 113 * 4 // 64) * 64)
+    assert second.copies(stem)
+    downsample = _kernel((1, 64, 56, 56), 128, (1, 1), (2, 2), (0, 0))  # 1x1 s2: one phase of 28 x 28, lanes first
+    assert conv_template.lanes_phases(downsample) == (1, 1, 28, 28)
+    assert conv_template.solve(downsample, 2)[0].layout == "lanes"
+    dilated = _kernel((1, 8, 20, 20), 8, (3, 3), (2, 2), (2, 2), (2, 2))  # strided and dilated: no lanes
+    assert conv_template.lanes_layout(dilated) is None
 @pytest.mark.unit
 def test_groups_keep_their_input_rows_within_half_the_l2():
     conv = _kernel((1, 64, 56, 56), 64)  # a padded input row of all channels: 64 * 58 * 4 bytes
@@ -138,6 +153,11 @@ CASES = [  # x shape, C_out, kernel, stride, padding, dilation, epilogue, bias, 
     ((1, 6, 5, 19), 24, (1, 3), (1, 1), (0, 1), (1, 1), "hardswish", True, 0, 0),
     ((1, 4, 12, 12), 9, (3, 3), (1, 1), (2, 2), (2, 2), "none", True, 0, 0),
     ((1, 5, 9, 17), 33, (3, 1), (1, 1), (1, 0), (1, 1), "add", False, 0, 0),
+    # strided lanes (the strided cases above have them too): a 4x4 patchify (16 phases, no
+    # dropped column), a 2x2 stride 2 padding rows only, batch 2; stride 3 (a 3x3 phase grid)
+    ((1, 3, 16, 20), 12, (4, 4), (4, 4), (0, 0), (1, 1), "sigmoid", True, 0, 0),
+    ((2, 4, 11, 9), 10, (2, 2), (2, 2), (1, 0), (1, 1), "relu", True, 0, 0),
+    ((1, 5, 14, 17), 16, (3, 3), (3, 3), (1, 1), (1, 1), "add", True, 0, 1),
 ]
 
 

@@ -18,18 +18,21 @@ where there is none): a tile's row then reads consecutive floats over the channe
 a tap, not one float per channel plane (a page apart in a 56x56 layer); the copy costs
 a pass over the input, which a 1x1 convolution with little K may not repay.
 
-``layout`` ``lanes`` (stride-1 convolutions) renders ``templates/cpu_lanes_conv.cpp.j2``
-instead: the GEMM ``out[N][positions] = W[N][K] @ x windows`` with the positions in the
-vector lanes. With stride 1, one tap of consecutive positions of a row is consecutive
-floats of x, and over the rows of the zero-bordered copy (width W + 2*pw) it is one
-constant offset for every position: the kernel computes every position of those rows and
-stores only the OW valid columns of each. So x's rows load as vectors, the epilogue runs
-on vectors and a channel's outputs are stored contiguously, where the direct template
-stores each position's channels a plane apart (a 56x56 plane is 12 KB). ``pointwise`` is
-the same template for a 1x1 convolution without padding, which reads x in place: a 1x1
-convolution with little K (MobileNet's expansions: 16 or 24 input channels) spends most of
-the direct template's time in those stores. The register tile is ``mr`` channels x ``nr``
-positions (``mc`` = ``nr``, ``kc`` = C_in).
+``layout`` ``lanes`` renders ``templates/cpu_lanes_conv.cpp.j2`` instead: the GEMM
+``out[N][positions] = W[N][K] @ x windows`` with the positions in the vector lanes. With
+stride 1, one tap of consecutive positions of a row is consecutive floats of x, and over
+the rows of the zero-bordered copy (width W + 2*pw) it is one constant offset for every
+position: the kernel computes every position of those rows and stores only the OW valid
+columns of each. So x's rows load as vectors, the epilogue runs on vectors and a
+channel's outputs are stored contiguously, where the direct template stores each
+position's channels a plane apart (a 56x56 plane is 12 KB). ``pointwise`` is the same
+template for a 1x1 convolution without padding, which reads x in place: a 1x1
+convolution with little K (MobileNet's expansions: 16 or 24 input channels) spends most
+of the direct template's time in those stores. A strided convolution first splits the
+zero-bordered image into its stride phases (rows i*s + a, columns j*s + b:
+``lanes_phases``), so one tap of consecutive output positions is again consecutive
+floats, of one phase. The register tile is ``mr`` channels x ``nr`` positions
+(``mc`` = ``nr``, ``kc`` = C_in).
 
 Knobs (the tiling): ``mr``, ``mc`` (positions per group), ``kc``, ``layout``, ``block_dim``.
 """
@@ -70,8 +73,10 @@ class ConvTiling(Candidate):
                 f"layout={self.layout}{wide_suffix(self.vector_bytes)}{'' if self.nr == 16 else f';nr={self.nr}'}")
 
     def copies(self, kernel: ConvKernel) -> bool:
-        """Whether a launch copies the image first (padding, or the channels-last layout)."""
-        return self.layout == "nhwc" or kernel.padded_bytes > 0
+        """Whether a launch copies the image first (padding, the channels-last layout, or a
+        strided ``lanes`` convolution's phases)."""
+        return (self.layout == "nhwc" or kernel.padded_bytes > 0
+                or (self.layout == "lanes" and kernel.stride != (1, 1)))
 
 
 def _group_positions(kernel: ConvKernel, mr: int) -> int:
@@ -90,11 +95,25 @@ def _group_positions(kernel: ConvKernel, mr: int) -> int:
     return -(-tiles // groups) * mr
 
 
+def lanes_phases(kernel: ConvKernel) -> tuple[int, int, int, int]:
+    """``(phase_rows, phase_cols, hq, wq)``: how a ``lanes`` convolution reads x. A stride
+    s splits the zero-bordered image into phases (rows i * s + a, columns j * s + b), of
+    which a stride-s, dilation-1 window touches min(k, s) per axis; a phase keeps the
+    ``oh + (kh - 1) * dh // sh`` rows (``ow + ...`` columns) its taps reach. Stride 1: one
+    phase, the zero-bordered image itself."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel.kernel_size, kernel.stride, kernel.dilation, kernel.out_hw
+    return (1 if sh == 1 else min(kh, sh), 1 if sw == 1 else min(kw, sw),
+            oh + (kh - 1) * dh // sh, ow + (kw - 1) * dw // sw)
+
+
 def image_region(kernel: ConvKernel, layout: str) -> int:
     """Bytes the image copy takes at the workspace's start (64-byte aligned): the padded
-    image, in any layout; none for ``nchw``, ``lanes`` or ``pointwise`` without padding
-    (read in place)."""
+    image, in any layout (a strided ``lanes`` convolution: its phases, ``lanes_phases``);
+    none for ``nchw``, ``lanes`` or ``pointwise`` of stride 1 without padding (read in place)."""
     (ph, pw), (c, h, w) = kernel.padding, kernel.x_shape[1:]
+    if layout == "lanes" and kernel.stride != (1, 1):
+        phase_rows, phase_cols, hq, wq = lanes_phases(kernel)
+        return -(-(c * phase_rows * phase_cols * hq * wq * 4) // 64) * 64
     if layout in ("nchw", "lanes", "pointwise") and not (ph or pw):
         return 0
     return -(-(c * (h + 2 * ph) * (w + 2 * pw) * 4) // 64) * 64
@@ -141,12 +160,16 @@ LANES_MIN_POSITIONS = 16
 LANES_FIRST_MAX_K = 576
 
 
+
 def lanes_layout(kernel: ConvKernel) -> str | None:
-    """``pointwise`` (1x1, no padding), ``lanes`` (any other stride-1 convolution) or
-    ``None`` (strided, or fewer than ``LANES_MIN_POSITIONS`` positions)."""
-    if kernel.stride != (1, 1) or kernel.m < LANES_MIN_POSITIONS:
+    """``pointwise`` (1x1, stride 1, no padding), ``lanes`` (any other convolution whose
+    strided axes have dilation 1: ``lanes_phases``) or ``None`` (fewer than
+    ``LANES_MIN_POSITIONS`` positions, or an axis both strided and dilated)."""
+    if kernel.m < LANES_MIN_POSITIONS or any(s > 1 and d > 1 for s, d in zip(kernel.stride, kernel.dilation)):
         return None
-    return "pointwise" if kernel.kernel_size == (1, 1) and kernel.padding == (0, 0) else "lanes"
+    if kernel.kernel_size == (1, 1) and kernel.stride == (1, 1) and kernel.padding == (0, 0):
+        return "pointwise"
+    return "lanes"
 
 
 def lanes_tiling(kernel: ConvKernel, block_dim: int, channels: int, positions: int,
@@ -171,6 +194,17 @@ def _lanes_options(kernel: ConvKernel, threads: int, device_limit: int, vector_b
     return options
 
 
+def _lanes_first(kernel: ConvKernel, lanes_default: ConvTiling) -> bool:
+    """Whether the ``lanes`` default leads: a 1x1 convolution, or a stride-1 one with K up to
+    ``LANES_FIRST_MAX_K``. A strided one copies its phases first, a pass over the image that
+    only a 1x1 repays everywhere. Measured at 1 thread: ResNet's 1x1 s2 downsample (K 64)
+    0.80x the best direct tiling (AVX-512), 0.81x (AVX2); MobileNet's 3x3 s2 stem (K 27)
+    0.93x (AVX-512) but 1.09x (AVX2); 7x7 s2 (K 147) and 3x3 s2 (K 576) 1.09-1.36x."""
+    if lanes_default.layout == "pointwise" or kernel.kernel_size == (1, 1):
+        return True
+    return kernel.stride == (1, 1) and kernel.k <= LANES_FIRST_MAX_K
+
+
 def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
           vector_bytes: int = VECTOR_BYTES) -> list[ConvTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
@@ -180,10 +214,10 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     groups from ``_group_positions``, k blocks from ``_default_kc``, all ``device_limit``
     threads unless the convolution is under ``PARALLEL_MIN_FLOPS``. Then one knob at a
     time: the channels-last layout, the other thread count, the other ``mr``, the whole K
-    or blocks of half as many channels, one group of every tile. A convolution of stride 1
-    (``lanes_layout``) adds the ``lanes`` / ``pointwise`` tilings: first, then the direct
-    default, then the rest of both, for a 1x1 or a K up to ``LANES_FIRST_MAX_K``; else the
-    direct default first and the ``lanes`` default second.
+    or blocks of half as many channels, one group of every tile. A convolution that
+    ``lanes_layout`` accepts adds the ``lanes`` / ``pointwise`` tilings: first, then the direct
+    default, then the rest of both, where ``_lanes_first``; else the direct default first
+    and the ``lanes`` default second.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     c_in = kernel.x_shape[1]
@@ -200,7 +234,7 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
         options.append(make_tiling(kernel, threads, mr, other_kc, **wide))
     options.append(make_tiling(kernel, threads, mr, kc, -(-kernel.m // mr) * mr, **wide))
     lanes = _lanes_options(kernel, threads, device_limit, vector_bytes)
-    if lanes and (lanes[0].layout == "pointwise" or kernel.k <= LANES_FIRST_MAX_K):
+    if lanes and _lanes_first(kernel, lanes[0]):
         options = [lanes[0], options[0], *lanes[1:], *options[1:]]
     elif lanes:
         options = [options[0], lanes[0], *options[1:], *lanes[1:]]
@@ -237,7 +271,9 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     window = dict(oh=oh, ow=ow, kh=kh, kw=kw, ph=ph, pw=pw, dh=dh, dw=dw, workspace=tiling.workspace,
                   copy=tiling.copies(kernel))
     if tiling.layout in ("lanes", "pointwise"):
-        return render("cpu_lanes_conv.cpp.j2", **shared, **window, dense=pw == 0 and (kw - 1) * dw == 0)
+        phase_rows, phase_cols, hq, wq = lanes_phases(kernel)
+        return render("cpu_lanes_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, strided=(sh, sw) != (1, 1),
+                      phase_rows=phase_rows, phase_cols=phase_cols, hq=hq, wq=wq, dense=wq == ow)
     return render("cpu_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, k=kernel.k, panels=kernel.panels,
                   mc=tiling.mc, kc=tiling.kc, padded_bytes=image_region(kernel, tiling.layout),
                   partial_bytes=partial_bytes(kernel, tiling.kc), nhwc=tiling.layout == "nhwc")
