@@ -44,8 +44,28 @@ def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:
     Without the cost model: the solver's first ``topn`` (its default first, then the
     nearest variations). With it (``settings.cost_model``): the solver's whole space
     ranked by ``backend.estimate_us``, keeping the best ``ceil(ratio * len(space))``,
-    at least 1 and at most ``topn``; the best estimate becomes candidate 0.
+    at least 1 and at most ``topn``; the best estimate becomes candidate 0. Either way
+    a tiny kernel (``_is_tiny``) keeps only candidate 0.
     """
+    chosen = _ranked(kernel, backend, limits, settings)
+    if len(chosen) > 1 and _is_tiny(kernel, chosen[0], backend, settings):
+        log.debug("%s: tiny (estimated under %g us): compiling only %s", kernel.name,
+                  settings.tiny_kernel_us, chosen[0].tiling_repr)
+        return chosen[:1]
+    return chosen
+
+
+def _is_tiny(kernel: FusedKernel, default, backend, settings) -> bool:
+    """Whether ``backend.estimate_us`` puts ``default`` under ``settings.tiny_kernel_us``:
+    its variations can win only fractions of a us, less than a compile each is worth."""
+    if settings.tiny_kernel_us <= 0:
+        return False
+    estimate = backend.estimate_us(kernel, default, settings)
+    return estimate is not None and estimate < settings.tiny_kernel_us
+
+
+def _ranked(kernel: FusedKernel, backend, limits, settings) -> tuple:
+    """The solver's first ``topn``, or with the cost model its best share (``shortlist``)."""
     if not settings.cost_model:
         return tuple(backend.solve(kernel, limits, settings.topn)[:settings.topn])
     space = backend.solve(kernel, limits, MAX_TOPN)

@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                         "compile only the best --cost-model-ratio of it, at most --topn (env AOTPACK_COSTMODEL=1)")
     b.add_argument("--cost-model-ratio", metavar="R",
                    help="share of the space the cost model keeps, in (0, 1] (env AOTPACK_COSTMODEL_RATIO, default 0.25)")
+    b.add_argument("--tiny-kernel-us", metavar="US",
+                   help="a kernel whose default tiling is estimated under US microseconds compiles only "
+                        "that default; 0: every kernel gets --topn (env AOTPACK_TINY_KERNEL_US, default 10)")
     b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
     b.add_argument("--target-isa", default=None,
                    help="target ISA the kernels are compiled for (default: native, this machine; e.g. x86-64-v3)")
@@ -105,7 +108,8 @@ def _build(args) -> int:
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
                                  retune=args.retune or None, backend=args.backend,
                                  tuning_from=args.tuning_from, require_coverage=args.require_coverage,
-                                 cost_model=args.cost_model, cost_model_ratio=args.cost_model_ratio)
+                                 cost_model=args.cost_model, cost_model_ratio=args.cost_model_ratio,
+                                 tiny_kernel_us=args.tiny_kernel_us)
     from aotpack.progress import BuildProgress, summary
 
     result = build(args.model, args.output_dir, args.name, args.version, settings,

@@ -142,6 +142,10 @@ def ship_wrappers(compiled: dict[str, CompiledSet], winners: dict[str, int], bac
     for kid, c in compiled.items():
         winner = c.candidate_set.candidates[winners[kid]]
         source = backend.render_wrapper([winner])
+        if source == c.candidate_set.wrapper_source and cache.is_current(c.folder.wrapper, c.folder.wrapper_source,
+                                                                         source):
+            shipped[kid] = (c.folder.wrapper, source)  # one candidate: the PGO wrapper is the shipped one
+            continue
         output = c.folder.shipped_wrapper(source)
         source_file = output.with_name("wrapper.cpp")
         shipped[kid] = (output, source)

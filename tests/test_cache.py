@@ -4,7 +4,7 @@ import logging
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.package import read_manifest
-from conftest import SAMPLES
+from conftest import MODELS, SAMPLES
 
 
 def test_second_build_hits_cache_and_reproduces_archive(tmp_path, caplog, monkeypatch):
@@ -88,3 +88,19 @@ def test_untaken_branch_is_not_cached_as_tuned(tmp_path, caplog):
     for k in unvisited:
         assert kernels[k["name"]]["visited"] and len(kernels[k["name"]]["timings_us"]) == 2
     assert "native runtime vs eager PyTorch: max abs error" in caplog.text
+
+
+def test_tiny_kernels_compile_only_their_default_and_ship_the_pgo_wrapper(tmp_path):
+    """mobilenet_block.py's kernels (13x13 images) are all tiny: at the default bound each
+    compiles one candidate, and its PGO wrapper (that one candidate's TilingInfo) is shipped
+    as is, with no ship/ compile. At the suite's bound (0) each gets its TopN."""
+    cache = tmp_path / "cache"
+    settings = Settings.from_env(topn=3, cache_dir=cache, tiny_kernel_us="10")
+    result = build(MODELS / "mobilenet_block.py", tmp_path / "out", settings=settings)
+    kernels = read_manifest(result.archive)["kernels"]
+    assert all(k["candidates"] == 1 and k["timings_us"] == [] for k in kernels)  # one candidate: nothing to time
+    assert not list((cache / "cpu").glob("*/*/ship"))
+    full = build(MODELS / "mobilenet_block.py", tmp_path / "full",
+                 settings=Settings.from_env(topn=3, cache_dir=tmp_path / "c2"))
+    assert all(k["candidates"] == 3 for k in read_manifest(full.archive)["kernels"])  # the suite's bound is 0
+    assert len(list((tmp_path / "c2" / "cpu").glob("*/*/ship/*/wrapper.so"))) == len(kernels)

@@ -99,3 +99,36 @@ def test_cost_model_settings_from_env_and_flags(monkeypatch):
     assert Settings.from_env(cost_model_ratio="1").cost_model_ratio == 1.0
     monkeypatch.delenv("AOTPACK_COSTMODEL")
     assert not Settings.from_env().cost_model and Settings.from_env(cost_model=True).cost_model
+
+
+def test_a_tiny_kernel_compiles_only_its_default(tmp_path):
+    tiny = only_kernel(tmp_path, "return x * 2", "torch.randn(4, 64)")  # 2 KB moved: well under 10 us
+    large = only_kernel(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
+    backend = backends.get("cpu")
+    limits = backend.limits(settings())
+    assert backend.estimate_us(tiny, tiling.solve(tiny, 2, 1)[0], settings()) < 10.0
+    assert shortlist(tiny, backend, limits, settings(topn=3, tiny_kernel_us=10.0)) == tuple(tiling.solve(tiny, 2, 1))
+    assert shortlist(tiny, backend, limits, settings(topn=3, tiny_kernel_us=0.0)) == tuple(tiling.solve(tiny, 2, 3))
+    assert len(tiling.solve(tiny, 2, 3)) == 3
+    assert shortlist(large, backend, limits, settings(topn=3, tiny_kernel_us=10.0)) == tuple(tiling.solve(large, 2, 3))
+    with_model = settings(topn=10, cost_model=True, tiny_kernel_us=10.0)
+    assert len(shortlist(tiny, backend, backend.limits(with_model), with_model)) == 1
+
+
+@pytest.mark.parametrize("raw", ["-1", "fast", "nan"])
+def test_tiny_kernel_us_must_be_a_non_negative_number(monkeypatch, raw):
+    monkeypatch.setenv("AOTPACK_TINY_KERNEL_US", raw)
+    with pytest.raises(AotpackError) as error:
+        Settings.from_env()
+    assert str(error.value) == f"AOTPACK_TINY_KERNEL_US must be a number of microseconds >= 0, got {raw!r}"
+
+
+def test_tiny_kernel_us_from_env_and_flags(monkeypatch):
+    monkeypatch.delenv("AOTPACK_TINY_KERNEL_US")
+    assert Settings.from_env().tiny_kernel_us == 10.0 == Settings().tiny_kernel_us
+    monkeypatch.setenv("AOTPACK_TINY_KERNEL_US", "2.5")
+    assert Settings.from_env().tiny_kernel_us == 2.5
+    assert Settings.from_env(tiny_kernel_us="0").tiny_kernel_us == 0.0
+    with pytest.raises(AotpackError) as error:
+        Settings.from_env(tiny_kernel_us="-3")
+    assert str(error.value) == "--tiny-kernel-us must be a number of microseconds >= 0, got '-3'"
