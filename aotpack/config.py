@@ -33,11 +33,11 @@ ENV_COSTMODEL_RATIO = "AOTPACK_COSTMODEL_RATIO"
 DEFAULT_COSTMODEL_RATIO = 0.25
 ENV_TINY_KERNEL_US = "AOTPACK_TINY_KERNEL_US"
 #: A kernel whose default tiling the backend estimates under this many us compiles only its
-#: default (``candidates.shortlist``). MobileNetV3-Small, --topn 3, 2 threads: the 17 kernels
-#: under it (squeeze-excite 1x1 convolutions and means) ran 0-0.7 us faster with their best
-#: candidate than with their default, 2 us of a 3.4 ms model, for 34 of its 171 compiles.
+#: default (``candidates.shortlist``). MobileNetV3-Small, --topn 3, 2 threads: 16 of its 57
+#: kernels are under it (squeeze-excite 1x1 convolutions and means), and had run 0-0.74 us
+#: faster with their best candidate than with their default, 1.9 us of a 3.4 ms model; with the
+#: 15 epilogue kernels of the ATen / oneDNN alternatives of those convolutions, 62 of 356 compiles.
 DEFAULT_TINY_KERNEL_US = 10.0
-
 
 
 def parse_topn(raw: str | int, source: str = ENV_TOPN) -> int:
@@ -120,46 +120,27 @@ def env_debug_dir() -> Path | None:
     return ENV_DEBUG_DIR if os.environ.get(ENV_DEBUG) == "1" else None
 
 
-def parse_cost_model_ratio(raw: str | float, source: str = ENV_COSTMODEL_RATIO) -> float:
-    """Validate a cost-model ratio: a number in (0, 1].
+def parse_number(raw: str | float, source: str, valid, expected: str) -> float:
+    """``raw`` as a float that ``valid`` accepts; ``source`` (a flag or variable name) and
+    ``expected`` (e.g. ``a number in (0, 1]``) word the error.
 
     Raises:
-        AotpackError: not a number, or outside (0, 1].
+        AotpackError: ``<source> must be <expected>, got <raw>``: not a number, or not valid.
     """
     try:
         value = float(raw)
     except (TypeError, ValueError):
-        raise AotpackError(f"{source} must be a number in (0, 1], got {raw!r}") from None
-    if not 0 < value <= 1:
-        raise AotpackError(f"{source} must be a number in (0, 1], got {raw!r}")
+        value = None
+    if value is None or not valid(value):
+        raise AotpackError(f"{source} must be {expected}, got {raw!r}") from None
     return value
 
 
-def parse_tiny_kernel_us(raw: str | float, source: str = ENV_TINY_KERNEL_US) -> float:
-    """Validate a tiny-kernel bound: a number of us >= 0 (0: every kernel gets its TopN).
-
-    Raises:
-        AotpackError: not a number, or negative.
-    """
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise AotpackError(f"{source} must be a number of microseconds >= 0, got {raw!r}") from None
-    if not value >= 0:
-        raise AotpackError(f"{source} must be a number of microseconds >= 0, got {raw!r}")
-    return value
-
-
-def _tiny_kernel_us(flag, env) -> float:
+def _number_setting(flag, flag_name: str, env, env_name: str, default: float, valid, expected: str) -> float:
+    """The flag when given, else the environment variable, else ``default`` (``parse_number``)."""
     if flag is not None:
-        return parse_tiny_kernel_us(flag, "--tiny-kernel-us")
-    return parse_tiny_kernel_us(env.get(ENV_TINY_KERNEL_US, DEFAULT_TINY_KERNEL_US))
-
-
-def _cost_model_ratio(flag, env) -> float:
-    if flag is not None:
-        return parse_cost_model_ratio(flag, "--cost-model-ratio")
-    return parse_cost_model_ratio(env.get(ENV_COSTMODEL_RATIO, DEFAULT_COSTMODEL_RATIO))
+        return parse_number(flag, flag_name, valid, expected)
+    return parse_number(env.get(env_name, default), env_name, valid, expected)
 
 
 @dataclass(frozen=True)
@@ -204,5 +185,9 @@ class Settings:
                         require_coverage=bool(overrides.get("require_coverage")),
                         backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, DEFAULT_BACKEND)),
                         cost_model=bool(overrides.get("cost_model")) or env.get(ENV_COSTMODEL) == "1",
-                        cost_model_ratio=_cost_model_ratio(overrides.get("cost_model_ratio"), env),
-                        tiny_kernel_us=_tiny_kernel_us(overrides.get("tiny_kernel_us"), env))
+                        cost_model_ratio=_number_setting(
+                            overrides.get("cost_model_ratio"), "--cost-model-ratio", env, ENV_COSTMODEL_RATIO,
+                            DEFAULT_COSTMODEL_RATIO, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+                        tiny_kernel_us=_number_setting(
+                            overrides.get("tiny_kernel_us"), "--tiny-kernel-us", env, ENV_TINY_KERNEL_US,
+                            DEFAULT_TINY_KERNEL_US, lambda v: v >= 0, "a number of microseconds >= 0"))

@@ -98,8 +98,6 @@ def test_tilings_default_first_unique_with_their_workspace():
     assert shallow[0].tiling_repr == "cpu_conv;block_dim=1;mr=4;mc=24;kc=16;layout=lanes;nr=24"
 
 
-
-
 @pytest.mark.unit
 def test_strided_lanes_split_the_image_into_its_phases():
     stem = _kernel((1, 3, 224, 224), 16, (3, 3), (2, 2), (1, 1))  # MobileNet's stem: strided 3x3, lanes second
@@ -113,6 +111,8 @@ def test_strided_lanes_split_the_image_into_its_phases():
     assert conv_template.solve(downsample, 2)[0].layout == "lanes"
     dilated = _kernel((1, 8, 20, 20), 8, (3, 3), (2, 2), (2, 2), (2, 2))  # strided and dilated: no lanes
     assert conv_template.lanes_layout(dilated) is None
+
+
 @pytest.mark.unit
 def test_groups_keep_their_input_rows_within_half_the_l2():
     conv = _kernel((1, 64, 56, 56), 64)  # a padded input row of all channels: 64 * 58 * 4 bytes

@@ -74,9 +74,8 @@ class ConvTiling(Candidate):
 
     def copies(self, kernel: ConvKernel) -> bool:
         """Whether a launch copies the image first (padding, the channels-last layout, or a
-        strided ``lanes`` convolution's phases)."""
-        return (self.layout == "nhwc" or kernel.padded_bytes > 0
-                or (self.layout == "lanes" and kernel.stride != (1, 1)))
+        strided ``lanes`` convolution's phases): whether ``image_region`` takes any bytes."""
+        return image_region(kernel, self.layout) > 0
 
 
 def _group_positions(kernel: ConvKernel, mr: int) -> int:
@@ -158,7 +157,6 @@ LANES_MIN_POSITIONS = 16
 #: default does. Measured at 1 thread (AVX-512): 16-32 channels x 9 taps, lanes 0.8-0.9x
 #: the direct template; 64 x 9 level; 128 x 9, 1.15x.
 LANES_FIRST_MAX_K = 576
-
 
 
 def lanes_layout(kernel: ConvKernel) -> str | None:
