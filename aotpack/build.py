@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,6 +102,25 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
                            f"{'; '.join(check.problems)}. This is an aotpack bug; please report it with "
                            "the model file")
     log.info("native runtime vs eager PyTorch: max abs error %.3g", check.max_abs_error)
+
+
+def _check_parity(model_file, outputs: list[torch.Tensor], reference: list[torch.Tensor],
+                  allow_mismatch: bool) -> parity.Parity:
+    """The Python-mode run's outputs against eager PyTorch's.
+
+    Raises:
+        AotpackError: they disagree (an aotpack bug), unless ``allow_mismatch`` (then a warning).
+    """
+    check = parity.compare(outputs, reference)
+    log.info("compiled graph vs eager PyTorch: max abs error %.3g", check.max_abs_error)
+    if not check.ok:
+        message = (f"{model_file.path}: the compiled graph disagrees with eager PyTorch: "
+                   f"{'; '.join(check.problems)}. This is an aotpack bug; please report it with the "
+                   "model file")
+        if not allow_mismatch:
+            raise AotpackError(message + " (--allow-mismatch writes the archive anyway)")
+        log.warning("%s", message)
+    return check
 
 
 def _check_output_dir(out_dir: Path) -> None:
@@ -211,29 +231,22 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         sets = {kid: cs for kid, cs in sets.items() if kid in used}
         compiled = {kid: c for kid, c in compiled.items() if kid in used}
         _check_coverage(settings, model_file, sets, choices)
-        with progress.phase("compile_shipped_wrappers", "compiling the shipped wrappers"):
+        meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
+                "device_limit": settings.device_limit}
+        source = codegen.generate(graph, backend, sets, choices, meta)
+        # model.so (the longest compile) runs beside the shipped wrappers and the eager check
+        with progress.phase("compile_wrappers_and_model_so",
+                            f"compiling the shipped wrappers and {layout.MODEL_LIBRARY_PATH}"), \
+                tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work, \
+                ThreadPoolExecutor(max_workers=1) as background:
+            model_so = background.submit(backend.compile_model, source, Path(work), settings)
             shipped = compile_stage.ship_wrappers(compiled, {k: c.index for k, c in choices.items()}, backend,
                                                   toolchain, store, settings)
+            reference, output_names = _eager_reference(model_file)
+            check = _check_parity(model_file, outputs, reference, allow_mismatch)
+            files = {layout.MODEL_LIBRARY_PATH: model_so.result()[0].read_bytes(),
+                     layout.MODEL_SOURCE_PATH: source.encode(), layout.KERNEL_IR_PATH: graph.dump().encode()}
     seconds = progress.seconds
-    reference, output_names = _eager_reference(model_file)
-    check = parity.compare(outputs, reference)
-    log.info("compiled graph vs eager PyTorch: max abs error %.3g", check.max_abs_error)
-    if not check.ok:
-        message = (f"{model_file.path}: the compiled graph disagrees with eager PyTorch: "
-                   f"{'; '.join(check.problems)}. This is an aotpack bug; please report it with the "
-                   "model file")
-        if not allow_mismatch:
-            raise AotpackError(message + " (--allow-mismatch writes the archive anyway)")
-        log.warning("%s", message)
-
-    meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
-            "device_limit": settings.device_limit}
-    source = codegen.generate(graph, backend, sets, choices, meta)
-    with progress.phase("compile_model_so", f"compiling {layout.MODEL_LIBRARY_PATH}"), \
-            tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work:
-        model_so, _ = backend.compile_model(source, Path(work), settings)
-        files = {layout.MODEL_LIBRARY_PATH: model_so.read_bytes(), layout.MODEL_SOURCE_PATH: source.encode(),
-                 layout.KERNEL_IR_PATH: graph.dump().encode()}
     stored = weights.plan(graph)  # each tied or repeated weight once, the rest as aliases
     files[layout.WEIGHTS_PATH] = stored.safetensors_bytes()
     files.update(_kernel_files(compiled, choices, shipped))
