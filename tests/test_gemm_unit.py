@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aotpack import backends, gemm, parity, report
+from aotpack import backends, candidates, gemm, parity, report
+from aotpack.config import Settings
 from aotpack.autotune import Choice, PythonModeRun
 from aotpack.export import export_model, load_model_file
 from aotpack.ir import ExternCall, KernelCall
@@ -116,6 +117,20 @@ def test_epilogue_with_another_reader_or_other_form_is_not_folded(tmp_path):
     assert [s.epilogue for s in _steps(graph)] == ["none", "none"]  # tanh-GELU is not oneDNN's erf GELU
     choices = {s.key: Choice([v.name for v in s.variants].index("onednn"), (), True, False) for s in _steps(graph)}
     assert len(gemm.resolve(graph, choices).kernels) == 2  # relu and the tanh GELU stay aotpack kernels
+
+
+def test_epilogue_of_an_aten_convolution_compiles_only_its_default(zoo):
+    """Where the template competes with ATen on a convolution, ATen's epilogue kernel gets one
+    candidate (it runs only if ATen beats the template); the linears' epilogue kernels (MKL
+    with one wins some) and the template kernels get their TopN."""
+    graph, _, _ = zoo
+    (conv,) = [s for s in _steps(graph) if s.kind == "conv2d"]
+    (relu,) = [s.kernel.kernel_id for s in conv.variants[0].steps if isinstance(s, KernelCall)]
+    assert candidates.alternative_epilogues(graph) == {relu}
+    sets = candidates.prepare(graph, backends.get("cpu"), Settings.from_env(topn=3))
+    counts = {kid: len(cs.candidates) for kid, cs in sets.items()}
+    assert counts.pop(relu) == 1
+    assert len(counts) == 12 and all(n > 1 for n in counts.values()), counts  # 5 epilogues, 7 templates
 
 
 def test_manifest_entries_and_inspect_table(zoo):
