@@ -19,8 +19,8 @@
 * one more attempt, after a pause of ``UNSCALED_PAUSE_S``, when the fastest multi-thread
   candidate of a long kernel (its fastest one-thread candidate ``UNSCALED_MIN_US`` or more) is not
   at least ``UNSCALED_SHARE`` faster than that one-thread candidate, or when the host
-  stole more than ``STOLEN_SHARE`` of the timing's wall time from this virtual machine
-  (``steal_ticks``: the ``steal`` column of ``/proc/stat``). Stolen time is invisible to the run-queue probe:
+  stole more than ``STOLEN_SHARE`` of the timing's wall time, and ``STOLEN_MIN_TICKS`` ticks
+  or more, from this virtual machine (``steal_ticks``: the ``steal`` column of ``/proc/stat``). Stolen time is invisible to the run-queue probe:
   the guest's threads look as if they ran. On this project's 2-core VM a build once
   timed three of ResNet-18's 2-thread convolutions at their 1-thread time (1022 us
   against 1036 us; 535 us against 1050 us when re-timed later) and shipped them at
@@ -81,8 +81,14 @@ RETRY_PAUSE_S = (0.02, 0.05)
 UNSCALED_SHARE = 0.85
 UNSCALED_MIN_US = 200.0
 #: ...or when the host stole more CPU time (all CPUs) than this share of the timing's wall
-#: time: a tick (10 ms) in a 100 ms timing is 10 %; steady low steal does not trigger it.
+#: time...
 STOLEN_SHARE = 0.05
+#: ...and at least this many clock ticks of it. The steal column counts whole ticks (10 ms)
+#: of time accumulated since boot, so one tick moving in a short timing says little: on this
+#: project's idle 2-core VM (~1% steady steal) one tick moved in 19 of 199 windows of 100 ms,
+#: never two, and a ResNet-18 build paused for 5-7 such second looks (3-3.6 s of its 9 s
+#: autotune). The bursts that fool a choice steal tens of ticks.
+STOLEN_MIN_TICKS = 2
 #: Pause before that attempt (s): a burst of stolen time lasts a second or so.
 UNSCALED_PAUSE_S = 0.5
 #: A candidate is clearly faster only by more than this share of the other's estimate...
@@ -304,8 +310,10 @@ def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter
                and (timing.contended_candidates() or timing.disagreeing_candidates())):
             sleep(RETRY_PAUSE_S[min(timing.attempts - 1, len(RETRY_PAUSE_S) - 1)])
             timing.extend(_rounds(launcher, keys, args, fastest, probe, clock, ROUNDS))
-        stolen_s = (stolen() - steal_before) / clock_ticks_per_s()
-        if stolen_s > STOLEN_SHARE * (clock() - started) / 1e9 or (block_dims and unscaled(timing, block_dims)):
+        stolen_ticks = stolen() - steal_before
+        stolen_s = stolen_ticks / clock_ticks_per_s()
+        robbed = stolen_ticks >= STOLEN_MIN_TICKS and stolen_s > STOLEN_SHARE * (clock() - started) / 1e9
+        if robbed or (block_dims and unscaled(timing, block_dims)):
             sleep(UNSCALED_PAUSE_S)
             timing = _second_look(timing, _rounds(launcher, keys, args, fastest, probe, clock, ROUNDS))
     finally:

@@ -314,6 +314,9 @@ def test_stolen_time_while_timing_earns_a_second_look():
     little = iter([0, 1])  # 10 ms stolen over a 15 s timing: under STOLEN_SHARE
     slow, _ = run({"a": clean(1_000_000.0)}, [], stolen=lambda: next(little))
     assert slow.attempts == 1
+    one_tick = iter([0, 1])  # one tick in a ~5 ms timing: 10 ms of steal accumulated since boot may end there
+    quantised, _ = run({"a": clean(100.0), "b": clean(200.0)}, [], stolen=lambda: next(one_tick))
+    assert quantised.attempts == 1
 
 
 def test_one_poor_multi_thread_variant_does_not_earn_a_second_look():
