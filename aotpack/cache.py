@@ -11,12 +11,14 @@ Layout (under ``AOTPACK_CACHE_DIR``)::
         ship/<source hash>/wrapper.so   the shipped wrapper: the winner's TilingInfo only
         <binary>.sha256                 "sha256 size" of every binary, written with it
     <cache>/<backend>/binaries/<source + toolchain hash>/lib.so, source.cpp
+    <cache>/<backend>/models/<source + toolchain hash>/lib.so, source.cpp   model.so of a model.cpp
 
 ``artifact_hash`` covers the kernel (``kernel_id``), the toolchain fingerprint
 (compiler, flags, target ISA), the device limit and the candidate set: the tuning
 choice in it is keyed by all of them. Binaries are keyed by source + toolchain in
 ``binaries/`` and linked into the kernel folders, so another ``--topn`` (another
-folder) reuses every candidate already compiled. Wrappers are compiled per folder and
+folder) reuses every candidate already compiled; ``models/`` does the same for model.so,
+so a warm rebuild compiles nothing. Wrappers are compiled per folder and
 never linked: the dynamic loader treats two links of one file as one library, and a
 wrapper holds its kernel's loaded state. A binary in a kernel folder is reused
 only if the source stored beside it equals the source generated now.

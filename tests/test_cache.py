@@ -1,6 +1,7 @@
 """Kernel cache: its documented layout, hits skip compile and profiling, archives reproduce."""
 import logging
 
+from aotpack.backends.cpu.toolchain import CpuToolchain
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.package import read_manifest
@@ -13,9 +14,12 @@ def test_second_build_hits_cache_and_reproduces_archive(tmp_path, caplog, monkey
     first = build(SAMPLES / "mlp.py", tmp_path / "a", settings=settings)
     assert first.compiled > 0
     caplog.clear()
+    compiles = []
+    monkeypatch.setattr(CpuToolchain, "_compile", lambda self, source, output, kind: compiles.append(kind))
     with caplog.at_level(logging.INFO, logger="aotpack"):
         second = build(SAMPLES / "mlp.py", tmp_path / "b", settings=settings)
-    assert second.compiled == 0
+    assert second.compiled == 0 and compiles == []  # model.so too comes from the cache
+    assert len(list((tmp_path / "cache" / "cpu" / "models").glob("*/lib.so"))) == 1
     assert "Timing" not in caplog.text and "Autotune completed" not in caplog.text
     assert first.archive.read_bytes() == second.archive.read_bytes()
 
@@ -104,3 +108,18 @@ def test_tiny_kernels_compile_only_their_default_and_ship_the_pgo_wrapper(tmp_pa
                  settings=Settings.from_env(topn=3, cache_dir=tmp_path / "c2"))
     assert all(k["candidates"] == 3 for k in read_manifest(full.archive)["kernels"])  # the suite's bound is 0
     assert len(list((tmp_path / "c2" / "cpu").glob("*/*/ship/*/wrapper.so"))) == len(kernels)
+
+
+def test_model_library_key_covers_the_headers_model_cpp_includes(tmp_path, monkeypatch):
+    """model.so is cached by model.cpp's text, the compiler, its flags and the headers it
+    includes: an ABI header edited without a new model.cpp gets a new key."""
+    from aotpack.backends.cpu import toolchain
+    headers = tmp_path / "include"
+    headers.mkdir()
+    (headers / "model_abi.h").write_text("#define AOTPACK_MODEL_ABI_VERSION 1\n")
+    monkeypatch.setattr(toolchain, "include_dir", lambda: headers)
+    chain = CpuToolchain("native")
+    before = chain.model_fingerprint()
+    assert before == chain.model_fingerprint()
+    (headers / "model_abi.h").write_text("#define AOTPACK_MODEL_ABI_VERSION 2\n")
+    assert chain.model_fingerprint() != before

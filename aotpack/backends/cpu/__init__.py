@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from aotpack import cache
 from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
                                   gemm_template, tiling)
@@ -79,10 +80,14 @@ class CpuBackend(Backend):
         return cpp_wrapper.generate(graph, kernels, meta)
 
     def compile_model(self, source: str, workdir: Path, settings) -> tuple[Path, float]:
-        src, out = workdir / "model.cpp", workdir / "model.so"
-        src.write_text(source)
+        """model.so of ``source`` in ``workdir``, from the build cache's source-keyed store
+        (``<cache>/cpu/models``) when an earlier build compiled the same model.cpp with the same
+        toolchain and headers: a warm rebuild skips its ~1-2 s compile."""
+        toolchain = self.toolchain(settings)
+        store = cache.BinaryStore(settings.cache_dir / self.name / "models", toolchain.model_fingerprint())
+        out = workdir / "model.so"
         start = time.perf_counter()
-        self.toolchain(settings).compile_model(src, out)
+        store.provide(source, out, workdir / "model.cpp", toolchain.compile_model)
         return out, time.perf_counter() - start
 
 

@@ -139,6 +139,14 @@ class CpuToolchain(Toolchain):
     def fingerprint(self) -> str:
         return "\0".join([compiler_version(), " ".join(KERNEL_FLAGS), target_fingerprint(self.march)])
 
+    def model_fingerprint(self) -> str:
+        """Everything besides model.cpp that changes model.so: the compiler, its flags and
+        the headers it includes from ``include_dir()`` (an ABI header edited without a new
+        model.cpp must not reuse a stale library)."""
+        headers = sorted(include_dir().glob("*.h"))
+        return "\0".join([compiler_version(), " ".join(MODEL_FLAGS),
+                          *(f"{h.name}\0{h.read_text(errors='replace')}" for h in headers)])
+
     def command(self, source: Path, output: Path, kind: str) -> list[str]:
         return [*self._prefix(kind), *self._suffix(kind), str(source), "-o", str(output)]
 
