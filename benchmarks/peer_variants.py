@@ -197,8 +197,12 @@ try:
     from aotpack.build import build
     from aotpack.config import Settings
     from aotpack.errors import AotpackError
-    result = build(sys.argv[1], sys.argv[2], settings=Settings.from_env(topn=sys.argv[3]))
-    print(json.dumps({"archive": str(result.archive), "seconds": result.seconds}))
+    settings = Settings.from_env(topn=sys.argv[3])
+    result = build(sys.argv[1], sys.argv[2], settings=settings)
+    # the same build again on the now warm cache (a cache hit: nothing compiled or timed)
+    warm = build(sys.argv[1], sys.argv[2] + "-warm", settings=settings)
+    seconds = dict(result.seconds, warm_rebuild=warm.seconds["total"])
+    print(json.dumps({"archive": str(result.archive), "seconds": seconds}))
 except AotpackError as exc:
     print(json.dumps({"error": " ".join(str(exc).split())}))
 except BaseException as exc:
@@ -208,7 +212,9 @@ except BaseException as exc:
 
 class Aotpack:
     """``aotpack.build`` in a child process with a private, empty kernel cache, run
-    in-process by ``aotpack.load(path, device_limit=threads)``."""
+    in-process by ``aotpack.load(path, device_limit=threads)``. The child builds twice:
+    the cold build is the variant's build time, the second one (phase ``warm_rebuild``)
+    shows a rebuild on the warm cache."""
 
     name = "aotpack"
     child_process = True
