@@ -87,7 +87,8 @@ class CpuBackend(Backend):
         store = cache.BinaryStore(settings.cache_dir / self.name / "models", toolchain.model_fingerprint())
         out = workdir / "model.so"
         start = time.perf_counter()
-        store.provide(source, out, workdir / "model.cpp", toolchain.compile_model)
+        with cache.locked([store.path(source).parent]):  # another build may be writing the same entry
+            store.provide(source, out, workdir / "model.cpp", toolchain.compile_model)
         return out, time.perf_counter() - start
 
 
