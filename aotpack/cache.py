@@ -11,7 +11,8 @@ Layout (under ``AOTPACK_CACHE_DIR``)::
         ship/<source hash>/wrapper.so   the shipped wrapper: the winner's TilingInfo only
         <binary>.sha256                 "sha256 size" of every binary, written with it
     <cache>/<backend>/binaries/<source + toolchain hash>/lib.so, source.cpp
-    <cache>/<backend>/models/<source + toolchain hash>/lib.so, source.cpp   model.so of a model.cpp
+    <cache>/<backend>/models/<source + model toolchain hash>/lib.so, source.cpp, compile.lock
+                                    model.so of one model.cpp (``CpuToolchain.model_fingerprint``)
 
 ``artifact_hash`` covers the kernel (``kernel_id``), the toolchain fingerprint
 (compiler, flags, target ISA), the device limit and the candidate set: the tuning

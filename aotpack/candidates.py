@@ -6,7 +6,8 @@ cost model); each is rendered into its own static-kernel source, plus one wrappe
 source holding all their ``TilingInfo``. Kernels with the same ``kernel_id`` (repeated
 layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
 
-Two kinds of kernel compile only their default tiling: tiny kernels (``_is_tiny``), and the
+Two kinds of kernel compile only their candidate 0 (the default tiling, or the cost model's
+best): tiny kernels (``_is_tiny``), and the
 epilogue kernels of a convolution's extern alternative where aotpack's own template
 competes (``alternative_epilogues``).
 """
@@ -49,9 +50,9 @@ def alternative_epilogues(graph) -> set[str]:
     convolution step that also offers aotpack's template.
 
     Such a kernel (the ReLU or residual add after an ATen convolution) runs only if the
-    extern call beats the template with its epilogue fused, which it has not done on the
-    benchmark models (the template won 54 of 54 convolutions of MobileNetV3-Small, 21 of 21
-    of ResNet-18), and then adds a pass over the output whose tilings differ by a few
+    extern call beats the template with its epilogue fused (and oneDNN with it as a post-op),
+    which it has not done on the benchmark models (the template won 54 of 54 convolutions of
+    MobileNetV3-Small, 21 of 21 of ResNet-18), and then adds a pass over the output whose tilings differ by a few
     percent: its variations are not worth a compile each (MobileNetV3-Small: 38 of 205
     kernel binaries, ResNet-18: 27 of 84). Linear steps keep them: MKL with a separate
     epilogue kernel won 2 of transformer_block's 4 linears.

@@ -20,7 +20,8 @@
   candidate of a long kernel (its fastest one-thread candidate ``UNSCALED_MIN_US`` or more) is not
   at least ``UNSCALED_SHARE`` faster than that one-thread candidate, or when the host
   stole more than ``STOLEN_SHARE`` of the timing's wall time, and ``STOLEN_MIN_TICKS`` ticks
-  or more, from this virtual machine (``steal_ticks``: the ``steal`` column of ``/proc/stat``). Stolen time is invisible to the run-queue probe:
+  or more, from this virtual machine (``steal_ticks``: the ``steal`` column of ``/proc/stat``).
+  Stolen time is invisible to the run-queue probe:
   the guest's threads look as if they ran. On this project's 2-core VM a build once
   timed three of ResNet-18's 2-thread convolutions at their 1-thread time (1022 us
   against 1036 us; 535 us against 1050 us when re-timed later) and shipped them at

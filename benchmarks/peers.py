@@ -295,7 +295,10 @@ def _method(args, threads: list[int]) -> list[str]:
         "TORCHINDUCTOR_CACHE_DIR. ONNX Runtime: torch.onnx.export(dynamo=True), default CPU session. "
         "OpenVINO: convert_model (TorchScript trace; the torch.export program where tracing fails) + "
         "compile_model('CPU', f32 precision hint, LATENCY hint). "
-        f"aotpack: aotpack.build with an empty private kernel cache, --topn {args.topn}, then aotpack.load; `warm_rebuild` in the phase table: the same build again on its warm cache, in the same child process (torch and torch.export already imported; a fresh `aotpack build` process adds their ~4 s of imports).",
+        f"aotpack: aotpack.build with an empty private kernel cache, --topn {args.topn}, then aotpack.load; "
+        "`warm_rebuild` in the phase table: the same build again on its warm cache, in the same child process "
+        "(torch, torch.export and the toolchain probes already loaded; a fresh `aotpack build` process adds their "
+        "~4 s).",
         "All builds come first, before any timing: the in-process ONNX exports and OpenVINO conversions, then "
         f"the AOTInductor and aotpack builds in child processes (nice 10), {args.build_jobs} at a time (aotpack "
         "times its candidates during its build: nothing else runs beside it when that is 1). "

@@ -123,3 +123,28 @@ def test_model_library_key_covers_the_headers_model_cpp_includes(tmp_path, monke
     assert before == chain.model_fingerprint()
     (headers / "model_abi.h").write_text("#define AOTPACK_MODEL_ABI_VERSION 2\n")
     assert chain.model_fingerprint() != before
+
+
+def test_one_compile_thread_runs_one_compiler_at_a_time(tmp_path, monkeypatch):
+    """AOTPACK_COMPILE_THREADS=1 (debugging): model.so no longer compiles beside the shipped
+    wrappers; every compile, model.so included, runs alone."""
+    import threading
+    running, most, kinds, lock = [0], [0], [], threading.Lock()
+    original = CpuToolchain._compile
+
+    def counted(self, source, output, kind):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            kinds.append(kind)
+        try:
+            original(self, source, output, kind)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(CpuToolchain, "_compile", counted)
+    monkeypatch.setenv("AOTPACK_COMPILE_THREADS", "1")
+    settings = Settings.from_env(topn=3, cache_dir=tmp_path / "cache")
+    build(SAMPLES / "mlp.py", tmp_path / "out", settings=settings)
+    assert most[0] == 1 and kinds.count("model") == 1 and kinds.count("kernel") > 1

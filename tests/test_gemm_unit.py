@@ -2,6 +2,7 @@
 forced variant's Python-mode parity with eager (oneDNN/MKL float32: |ours - eager| <=
 1e-5 + 1e-4 * |eager|), resolution and the inspect table."""
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from aotpack import backends, candidates, gemm, parity, report
 from aotpack.config import Settings
 from aotpack.autotune import Choice, PythonModeRun
 from aotpack.export import export_model, load_model_file
-from aotpack.ir import ExternCall, KernelCall
+from aotpack.ir import CondStep, ExternCall, KernelCall
 from aotpack.lowering import lower
 
 pytestmark = pytest.mark.unit
@@ -131,6 +132,23 @@ def test_epilogue_of_an_aten_convolution_compiles_only_its_default(zoo):
     counts = {kid: len(cs.candidates) for kid, cs in sets.items()}
     assert counts.pop(relu) == 1
     assert len(counts) == 12 and all(n > 1 for n in counts.values()), counts  # 5 epilogues, 7 templates
+
+
+def test_an_epilogue_launched_elsewhere_or_after_a_conv_without_template_keeps_its_topn():
+    """Only kernels that run nowhere but after an ATen convolution competing with the template
+    are pruned: not one also launched in a torch.cond branch, nor one after a linear or after
+    a convolution that offers no template."""
+    relu, add, gelu, shared = (SimpleNamespace(kernel_id=k) for k in ("relu", "add", "gelu", "shared"))
+
+    def step(kind, epilogue, template=True):
+        variants = [gemm.GemmVariant("aten", [ExternCall(None, [], []), KernelCall(epilogue)], [])]
+        variants += [gemm.GemmVariant("template", [KernelCall(SimpleNamespace(kernel_id="t"))], [])] if template else []
+        return gemm.GemmStep("s", kind, "", "", variants, None)
+
+    branch = CondStep(None, [], [KernelCall(shared)], [step("conv2d", shared)])
+    graph = SimpleNamespace(steps=[step("conv2d", relu), step("conv2d", add, template=False),
+                                   step("linear", gelu), branch])
+    assert candidates.alternative_epilogues(graph) == {"relu"}
 
 
 def test_manifest_entries_and_inspect_table(zoo):

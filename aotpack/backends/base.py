@@ -154,4 +154,5 @@ class Backend(ABC):
 
     @abstractmethod
     def compile_model(self, source: str, workdir: Path, settings) -> tuple[Path, float]:
-        """Compile the host source; returns (library path, seconds)."""
+        """The host library of ``source`` in ``workdir`` (compiled, or from the build cache);
+        returns (library path, seconds)."""

@@ -137,12 +137,13 @@ class CpuToolchain(Toolchain):
         return ["-ldl"] if kind in ("wrapper", "model") else []
 
     def fingerprint(self) -> str:
-        return "\0".join([compiler_version(), " ".join(KERNEL_FLAGS), target_fingerprint(self.march)])
+        return "\0".join([compiler_version(), " ".join(KERNEL_FLAGS), " ".join(WRAPPER_FLAGS),
+                          target_fingerprint(self.march)])
 
     def model_fingerprint(self) -> str:
         """Everything besides model.cpp that changes model.so: the compiler, its flags and
-        the headers it includes from ``include_dir()`` (an ABI header edited without a new
-        model.cpp must not reuse a stale library)."""
+        every header in ``include_dir()`` (model.cpp includes two of them; an ABI header
+        edited without a new model.cpp must not reuse a stale library)."""
         headers = sorted(include_dir().glob("*.h"))
         return "\0".join([compiler_version(), " ".join(MODEL_FLAGS),
                           *(f"{h.name}\0{h.read_text(errors='replace')}" for h in headers)])
@@ -160,5 +161,5 @@ class CpuToolchain(Toolchain):
         self._compile(source, output, "wrapper")
 
     def compile_model(self, source: Path, output: Path) -> None:
-        """Compile model.cpp (includes only model_abi.h) into model.so."""
+        """Compile model.cpp (it includes model_abi.h and kernel_abi.h) into model.so."""
         self._compile(source, output, "model")
