@@ -109,3 +109,35 @@ def test_an_inner_cat_cut_into_column_tiles_matches_eager(tmp_path):
         out = torch.full_like(expected, float("nan"))
         launcher.launch(tiling.kernel_key, [a, b, out])
         assert torch.equal(out, expected), tiling.tiling_repr
+
+
+def test_relu_and_clamps_keep_nan_and_the_sign_of_zero_bit_for_bit(tmp_path):
+    """relu, clamp with number bounds (one select per bound) and with a NaN bound, hardswish:
+    NaN stays NaN, -0.0 stays -0.0 where eager keeps it, +-inf clamp: equal to eager bit for bit."""
+    import torch
+    import torch.nn.functional as F
+
+    from aotpack.backends.cpu.tiling import Tiling
+    from conftest import compile_tilings
+    from test_fusion_lowering import _lower
+
+    special = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), float("-inf"), -2.5, 0.5, 7.0, -3.0, 3.0])
+    x = torch.cat([special, torch.linspace(-8, 8, 23)])  # 33: a vector tail
+
+    def f(x):
+        return (torch.relu(x), torch.clamp(x, -1.0, 1.0), torch.clamp(x, min=float("nan")), F.hardswish(x),
+                F.relu6(x))
+    graph = _lower(f, x)
+    tilings = [Tiling(1, 33, 0, 0), Tiling(1, 16, 0, 0)]
+    expected = f(x)
+    for kernel in graph.kernels:
+        launcher = compile_tilings(kernel, tilings, tmp_path / kernel.name)
+        outs = [torch.full_like(x, 1234.0) for _ in kernel.outputs]
+        for tiling in tilings:
+            launcher.launch(tiling.kernel_key, [x] + outs)
+            for out in outs:
+                match = [e for e in expected if torch.equal(out.nan_to_num(99.0), e.nan_to_num(99.0))]
+                assert match, f"{tiling.tiling_repr}: {out} matches no eager output"
+                numbers = ~match[0].isnan()  # a NaN's sign bit carries no meaning
+                assert torch.equal(out.isnan(), match[0].isnan())
+                assert torch.equal(out[numbers].signbit(), match[0][numbers].signbit()), tiling.tiling_repr

@@ -99,6 +99,10 @@ OPTIONAL_HELPERS = {"rounding": ("ap_div_trunc", "ap_div_floor", "ap_remainder")
 INTEGER_FMOD = "({1} == 0 ? {0} - {0} : {0} % {1})"
 
 
+def _is_nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
 def literal(value, ctype: str) -> str:
     """A Python scalar as a C++ expression of type ``ctype`` (NaN and inf included)."""
     if isinstance(value, bool):
@@ -124,10 +128,11 @@ def formula(name: str, params: tuple, dtype: torch.dtype, operand_ctype: str) ->
     elif name == "clamp":
         low, high = params
         text = "{0}"
+        # a NaN bound makes every element NaN (torch.clamp): only ap_max / ap_min test it
         if low is not None:
-            text = f"ap_max({text}, {literal(low, '{t}')})"
+            text = f"{'ap_max' if _is_nan(low) else 'ap_max_bound'}({text}, {literal(low, '{t}')})"
         if high is not None:
-            text = f"ap_min({text}, {literal(high, '{t}')})"
+            text = f"{'ap_min' if _is_nan(high) else 'ap_min_bound'}({text}, {literal(high, '{t}')})"
     elif name == "fmod" and not dtype.is_floating_point:
         text = INTEGER_FMOD
     else:

@@ -193,8 +193,8 @@ _EPILOGUE_CPP = {
     "sigmoid": "ap_sigmoid(y)",
     "swish": "y * ap_sigmoid(y)",
     # clamp(y + 3, 0, 6) as eager decomposes it (NaN stays NaN)
-    "hardswish": "y * ap_min(ap_max(y + 3.0f, 0.0f), 6.0f) / 6.0f",
-    "hardsigmoid": "ap_min(ap_max(y + 3.0f, 0.0f), 6.0f) / 6.0f",
+    "hardswish": "y * ap_min_bound(ap_max_bound(y + 3.0f, 0.0f), 6.0f) / 6.0f",
+    "hardsigmoid": "ap_min_bound(ap_max_bound(y + 3.0f, 0.0f), 6.0f) / 6.0f",
 }
 
 
