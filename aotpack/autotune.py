@@ -23,7 +23,7 @@ import torch
 from aotpack import timing
 from aotpack.compile import CompiledSet
 from aotpack.errors import AotpackError
-from aotpack.gemm import GemmStep, gemm_steps
+from aotpack.gemm import OWN_KERNEL_RANKS, GemmStep, gemm_steps
 from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 
 log = logging.getLogger("aotpack")
@@ -291,12 +291,12 @@ class PythonModeRun:
         self.samples.clear()
         for key, (step, samples) in self.gemm_samples.items():
             # Every implementation uses the same threads; a close call goes to aotpack's own
-            # template (ranked first), then to the others in order (ATen first): a template
+            # template (ranked first), its Winograd kernel, then to the others in order (ATen first): a template
             # kernel is planned with the graph and allocates nothing per call, where an extern
             # ATen or oneDNN call allocates its output and scratch on every run, and within
             # the noise (the template is 5-10% faster than oneDNN on ResNet's convolutions)
             # builds flipped between them.
-            ranks = [0 if variant.name == "template" else 1 for variant in step.variants]
+            ranks = [OWN_KERNEL_RANKS.get(variant.name, len(OWN_KERNEL_RANKS)) for variant in step.variants]
             decision = timing.decide(samples, ranks)
             timings = list(decision.estimates_us)
             for variant, us in zip(step.variants, timings):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from aotpack import replay
 from aotpack.config import MAX_TOPN
-from aotpack.gemm import gemm_steps
+from aotpack.gemm import OWN_KERNEL_RANKS, gemm_steps
 from aotpack.ir import KernelCall, walk_steps
 from aotpack.kernel_ir import FusedKernel
 
@@ -63,7 +63,7 @@ def alternative_epilogues(graph) -> set[str]:
         offers_template = any(v.name == "template" for v in step.variants)
         for variant in step.variants:
             ids = {s.kernel.kernel_id for s in variant.steps if isinstance(s, KernelCall)}
-            pruned = step.kind == "conv2d" and offers_template and variant.name != "template"
+            pruned = step.kind == "conv2d" and offers_template and variant.name not in OWN_KERNEL_RANKS
             (alternative if pruned else launched).update(ids)
     return alternative - launched
 

@@ -19,7 +19,10 @@ buffer:
   the dense weight is read anyway (a tied embedding), model.cpp packs them at load instead,
   so no weight is shipped twice;
 * ``template`` (depthwise conv2d, groups == channels): aotpack's own depthwise kernel
-  (``kernel_ir.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight.
+  (``kernel_ir.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight;
+* ``winograd`` (3x3 stride-1 conv2d): aotpack's F(2x2, 3x3) kernel
+  (``kernel_ir.WinogradConvKernel``) on filters transformed at build time, bias and
+  epilogue fused.
 
 Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
 pick for the CPU they run on; the archive ships the dense weight (it is a constant
@@ -37,6 +40,11 @@ from dataclasses import dataclass
 
 from aotpack.ir import Buffer, CondStep, ExternArg, ExternCall, KernelCall, walk_steps
 from aotpack.kernel_ir import pack_panels
+
+
+#: Variants that are aotpack's own kernels, epilogue fused, planned with the graph (nothing
+#: allocated per call); a close call in tuning goes to the lower rank, extern calls last.
+OWN_KERNEL_RANKS = {"template": 0, "winograd": 1}
 
 
 @dataclass(eq=False)

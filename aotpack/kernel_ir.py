@@ -622,6 +622,91 @@ def pad_bias(bias: torch.Tensor, panel: int = GEMM_PANEL) -> torch.Tensor:
     return padded
 
 
+#: Winograd F(2x2, 3x3) transforms (Lavin & Gray 2016): a 2x2 output tile is
+#: ``A^T [(G g G^T) . (B^T d B)] A`` for the 3x3 filter g and the 4x4 input patch d.
+WINOGRAD_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+
+
+def winograd_weights(weight: torch.Tensor) -> torch.Tensor:
+    """``weight[C_out, C_in, 3, 3]`` (float32) transformed for ``WinogradConvKernel``:
+    ``u[xi, ci, co] = (G g G^T)[xi]`` of the filter ``g = W[co, ci]`` (``xi = 4a + b``,
+    ``WINOGRAD_G``), ``[16, C_in, C_out]`` float32, contiguous; computed in float64."""
+    g = torch.tensor(WINOGRAD_G, dtype=torch.float64)
+    u = g @ weight.to(torch.float64) @ g.T  # [C_out, C_in, 4, 4]
+    return u.permute(2, 3, 1, 0).reshape(16, weight.shape[1], weight.shape[0]).to(torch.float32).contiguous()
+
+
+@dataclass(frozen=True, eq=False)
+class WinogradConvKernel:
+    """A 3x3, stride-1, dilation-1 convolution (float32, NCHW, groups 1) by Winograd's
+    F(2x2, 3x3): ``out[n, co, oh, ow] = epilogue(conv(x, W)[n, co, oh, ow] + bias[co])``,
+    the same result as ``ConvKernel`` up to rounding, with 16 multiplies per 2x2 output
+    tile and channel pair instead of 36.
+
+    ``inputs`` are ``(x base, u[, bias][, residual base])``: ``x`` contiguous NCHW from
+    ``x_offset``; ``u`` the filters transformed at build time (``winograd_weights``:
+    ``[16, C_in, C_out]``); the bias ``[C_out]``; the residual (epilogues ``add``,
+    ``add_relu``) contiguous like ``out``, from ``residual_offset``. ``outputs`` is the
+    contiguous ``out[N, C_out, OH, OW]``.
+    """
+
+    name: str
+    base_name: str
+    x_shape: tuple  # (N, C_in, H, W)
+    c_out: int
+    padding: tuple
+    inputs: tuple
+    outputs: tuple
+    epilogue: str = "none"
+    has_bias: bool = False
+    x_offset: int = 0
+    residual_offset: int = 0
+
+    @property
+    def out_hw(self) -> tuple:
+        """(OH, OW) = (H + 2ph - 2, W + 2pw - 2)."""
+        return tuple(size + 2 * p - 2 for size, p in zip(self.x_shape[2:], self.padding))
+
+    @property
+    def tiles(self) -> tuple:
+        """(tile rows, tile columns) of 2x2 output tiles per image."""
+        return tuple(-(-size // 2) for size in self.out_hw)
+
+    @property
+    def flops(self) -> int:
+        """The direct convolution's multiply-adds counted twice, ``2 * N * OH*OW * C_out * C_in * 9``
+        (what the kernel computes, so GFLOPS compare with ``ConvKernel``'s)."""
+        n, c = self.x_shape[:2]
+        return 2 * n * math.prod(self.out_hw) * self.c_out * c * 9
+
+    @property
+    def kernel_id(self) -> str:
+        """sha256 (24 hex digits) of the printed kernel, buffer names positional."""
+        return hashlib.sha256(self.format(with_name=False).encode()).hexdigest()[:24]
+
+    def format(self, with_name: bool = True) -> str:
+        """The kernel as text: the convolution, its operands' layouts and its epilogue."""
+        head = f"winograd_conv2d {self.name}" if with_name else "winograd_conv2d"
+        n, c, h, w = self.x_shape
+        oh, ow = self.out_hw
+        lines = [f"{head} F(2x2,3x3) [n<{n}, tiles<{self.tiles[0]}x{self.tiles[1]}, c_out<{self.c_out}, "
+                 f"c_in<{c}] padding {list(self.padding)}",
+                 f"  in0: float32 x[{n}, {c}, {h}, {w}] contiguous at {self.x_offset}",
+                 f"  in1: float32 transformed weight u[16, {c}, {self.c_out}]"]
+        if self.has_bias:
+            lines.append(f"  in2: float32 bias [{self.c_out}]")
+        if self.epilogue in ("add", "add_relu"):
+            lines.append(f"  in{len(self.inputs) - 1}: float32 residual[{n}, {self.c_out}, {oh}, {ow}] contiguous "
+                         f"at {self.residual_offset}")
+        y = "conv3x3(x, weight)" + (" + bias" if self.has_bias else "")
+        lines.append(f"  out0: float32[{n}, {self.c_out}, {oh}, {ow}] = {CONV_EPILOGUES[self.epilogue]} "
+                     f"where y = {y}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
 # ----------------------------------------------------------------------------- batched GEMM kernel
 
 

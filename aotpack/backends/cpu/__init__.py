@@ -5,8 +5,8 @@ shape, stride and tiling knob a compile-time constant, compiled by the system C+
 compiler (``toolchain``), parallel over OpenMP threads (``block_dim``).
 
 Files: ``tiling`` (TopN solver), ``gemm_template`` / ``conv_template``,
-``depthwise_template``, ``bmm_template`` (the GEMM, convolution, depthwise convolution and
-batched GEMM templates' tilings and sources), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
+``depthwise_template``, ``bmm_template``, ``winograd_template`` (the GEMM, convolution,
+depthwise convolution, batched GEMM and Winograd 3x3 convolution templates' tilings and sources), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
 ``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
 launcher), ``cpp_wrapper`` (model.cpp).
 """
@@ -18,19 +18,19 @@ from pathlib import Path
 from aotpack import cache
 from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
-                                  gemm_template, tiling)
+                                  gemm_template, tiling, winograd_template)
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
-from aotpack.kernel_ir import BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel
+from aotpack.kernel_ir import BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
 from aotpack.render import render
 
 
 #: Kernel kinds with a template of their own: each module has ``solve``, ``estimate_us``
 #: and ``render_kernel``; every other kernel is a ``FusedKernel`` (``tiling``, ``renderer``).
 TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConvKernel: depthwise_template,
-             BmmKernel: bmm_template}
+             BmmKernel: bmm_template, WinogradConvKernel: winograd_template}
 
 
 class CpuBackend(Backend):

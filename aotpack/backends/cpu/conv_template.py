@@ -254,6 +254,12 @@ _CONV_EPILOGUE_CPP = {**{name: expr for name, expr in _EPILOGUE_CPP.items() if n
                       "add_relu": "ap_relu(y)"}
 
 
+def conv_epilogue_cpp(epilogue: str) -> str:
+    """The C++ expression of a convolution ``epilogue`` (``CONV_EPILOGUES``) over ``y`` (the
+    residual, if any, already added), shared by the convolution templates."""
+    return _CONV_EPILOGUE_CPP[epilogue]
+
+
 def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling`` (``cpu_lanes_conv.cpp.j2`` for
     the ``lanes`` and ``pointwise`` layouts, else ``cpu_conv.cpp.j2``)."""
