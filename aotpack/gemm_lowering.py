@@ -269,6 +269,15 @@ def _contiguous_from(parts: tuple) -> bool:
     return all(st == want or size == 1 for size, st, want in zip(shape, strides, contiguous_strides(shape)))
 
 
+def _bias_name(bias: tuple) -> str:
+    """The padded bias constant's name: ``<bias>.conv_bias``, with the view's offset, size and
+    stride where the bias is a part of its constant (two convolutions reading different slices
+    of one constant must not share the first one's values)."""
+    base, shape, strides, offset = bias
+    whole = offset == 0 and tuple(shape) == tuple(base.shape) and tuple(strides) == tuple(base.strides)
+    return f"{base.name}.conv_bias" if whole else f"{base.name}.conv_bias@{offset}:{list(shape)}:{list(strides)}"
+
+
 def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     """aotpack's own convolution (``kernel_ir.ConvKernel``, tuned like any kernel) on
     weight panels packed now; None when it does not apply (groups, a strided input, an
@@ -285,7 +294,7 @@ def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | 
     panels = _constant(lw, f"{weight.name}.conv_panels", pack_panels(dense.reshape(c_out, -1)))
     inputs = [x[0], panels]
     if bias is not None:
-        inputs.append(_constant(lw, f"{bias[0].name}.conv_bias", pad_bias(_constant_values(lw, bias).reshape(c_out))))
+        inputs.append(_constant(lw, _bias_name(bias), pad_bias(_constant_values(lw, bias).reshape(c_out))))
     if other is not None:
         inputs.append(other[0])
     kernel = ConvKernel(f"conv_{m.epilogue}_{len(lw.kernels)}", f"conv_{m.epilogue}", tuple(x[1]), c_out,
@@ -330,7 +339,8 @@ WINOGRAD_MIN_CHANNELS = 16
 
 def _winograd_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     """aotpack's F(2x2, 3x3) Winograd convolution (``kernel_ir.WinogradConvKernel``) on
-    filters transformed now; None unless the convolution is 3x3, stride 1, dilation 1,
+    filters transformed now (an input of +-inf gives NaN in the outputs its tiles reach, where
+    the direct convolution gives +-inf: see that class); None unless the convolution is 3x3, stride 1, dilation 1,
     groups 1, padding <= 2, with at least ``WINOGRAD_MIN_TILES`` output tiles and
     ``WINOGRAD_MIN_CHANNELS`` input channels, contiguous operands and an epilogue the
     convolution templates have."""
@@ -352,7 +362,7 @@ def _winograd_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     c_out = dense.shape[0]
     inputs = [x[0], _constant(lw, f"{weight.name}.winograd", winograd_weights(dense))]
     if bias is not None:
-        inputs.append(_constant(lw, f"{bias[0].name}.conv_bias", pad_bias(_constant_values(lw, bias).reshape(c_out))))
+        inputs.append(_constant(lw, _bias_name(bias), pad_bias(_constant_values(lw, bias).reshape(c_out))))
     if other is not None:
         inputs.append(other[0])
     kernel = WinogradConvKernel(f"winograd_{m.epilogue}_{len(lw.kernels)}", f"winograd_{m.epilogue}", tuple(x[1]),

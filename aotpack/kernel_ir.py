@@ -640,8 +640,11 @@ def winograd_weights(weight: torch.Tensor) -> torch.Tensor:
 class WinogradConvKernel:
     """A 3x3, stride-1, dilation-1 convolution (float32, NCHW, groups 1) by Winograd's
     F(2x2, 3x3): ``out[n, co, oh, ow] = epilogue(conv(x, W)[n, co, oh, ow] + bias[co])``,
-    the same result as ``ConvKernel`` up to rounding, with 16 multiplies per 2x2 output
-    tile and channel pair instead of 36.
+    the same result as ``ConvKernel`` up to rounding for finite inputs, with 16 multiplies per
+    2x2 output tile and channel pair instead of 36. Not for infinities: the transforms add
+    and subtract the elements of a 4x4 patch, so one +-inf in it gives NaN (inf - inf) in the
+    tile's outputs where the direct convolution gives +-inf, and inputs near the float32
+    range can overflow in them (NaN inputs give NaN where the direct form does).
 
     ``inputs`` are ``(x base, u[, bias][, residual base])``: ``x`` contiguous NCHW from
     ``x_offset``; ``u`` the filters transformed at build time (``winograd_weights``:

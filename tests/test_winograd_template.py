@@ -68,6 +68,11 @@ def test_tilings_default_first_and_blocks_whole_register_tiles():
     avx2, avx512 = (winograd_template.solve(small, 1, vector_bytes=v)[0] for v in (32, 64))
     assert (avx2.tiles, avx2.mr, avx2.nr, avx2.vector_bytes) == (16, 6, 16, 32)
     assert (avx512.tiles, avx512.mr, avx512.nr, avx512.vector_bytes) == (32, 12, 32, 64)
+    # 16 x 16 outputs: 64 tiles fit one block, but threads share an image's blocks: one each
+    tiny = _kernel((1, 64, 16, 16), 64)
+    assert [(t.block_dim, t.tiles) for t in winograd_template.solve(tiny, 2, vector_bytes=64)[:2]] == [(2, 32), (1, 64)]
+    with pytest.raises(ValueError, match="nr=24 is not a multiple of the 16 lanes of a 64-byte vector"):
+        winograd_template.make_tiling(kernel, 1, 48, 4, 24, vector_bytes=64)
 
 
 # (x_shape, c_out, padding, epilogue, bias, x_offset, residual_offset): odd output sizes cut the
@@ -156,3 +161,11 @@ def test_only_3x3_stride_1_convolutions_with_enough_tiles_and_channels_get_the_v
     assert _variant((1, 512, 7, 7))[0] is None  # 16 tiles: the transformed weight costs more than it saves
     assert _variant((1, 8, 56, 56))[0] is None  # 8 input channels
     assert _variant((1, 64, 9, 15))[0] is not None  # 5 x 8 = 40 tiles
+
+
+@pytest.mark.unit
+def test_a_bias_slice_gets_a_constant_of_its_own():
+    bias = Buffer("b", (64,), (1,), torch.float32, "constant")
+    assert gemm_lowering._bias_name((bias, (64,), (1,), 0)) == "b.conv_bias"
+    assert gemm_lowering._bias_name((bias, (32,), (1,), 32)) == "b.conv_bias@32:[32]:[1]"
+    assert gemm_lowering._bias_name((bias, (32,), (1,), 0)) != gemm_lowering._bias_name((bias, (32,), (1,), 32))

@@ -119,8 +119,8 @@ def _one_chunk_lines(size: int, max_lines: list, value_max: str, exp_lines: list
               "    for (int64_t j = jc; j < jc_end; ++j) {"]
     lines += ["      " + line for line in exp_lines]
     lines += [f"      {out} = static_cast<{out_type}>({value_exp});", f"      cs = cs + {value_exp};", "    }", "  }"]
-    lines += [f"  const {out_type} factor = onan || om == -{inf} ? {nan} : static_cast<{out_type}>(1) / "
-              f"static_cast<{out_type}>(cs);",
+    lines += [f"  const {out_type} factor = onan || om == -{inf} ? {nan} : static_cast<{out_type}>("
+              f"static_cast<{sum_type}>(1) / cs);",
               f"  #pragma omp simd{SIMDLEN_MARK}",
               f"  for (int64_t j = jc; j < jc_end; ++j) {out} = {out} * factor;", "}"]
     return lines

@@ -12,9 +12,10 @@ tiles in the vector lanes (a register tile of ``mr`` output channels x ``nr`` ti
 weight broadcast per channel and one vector load per ``kLanes`` tiles per input channel),
 keeps their results ``m[16][C_out][tiles]`` in the workspace, and transforms them back
 with the bias, the residual and the epilogue. A block's ``v`` and ``m`` are meant to stay in
-L2 (``BLOCK_BYTES``). Threads take whole blocks (each in its own part of the workspace),
-so a launch has no barrier but its end: with one barrier per stage and block, 2 threads ran
-a 64 x 56 x 56 layer only 1.7x faster than one.
+L2 (``BLOCK_BYTES``). Threads take whole blocks of an image (each in its own part of the
+workspace), so they wait on each other only after each image's copy and its last block:
+with one barrier per stage and block, 2 threads ran a 64 x 56 x 56 layer only 1.7x faster
+than one.
 
 Knobs (the tiling): ``tiles``, ``mr``, ``nr``, ``block_dim``, ``vector_bytes``.
 """
@@ -78,12 +79,13 @@ def padded_bytes(kernel: WinogradConvKernel) -> int:
     return -(-(kernel.x_shape[1] * (2 * th + 2) * (2 * tw + 2) + 2 * 16 + 2) // 16) * 16 * 4
 
 
-def _default_tiles(kernel: WinogradConvKernel, nr: int) -> int:
+def _default_tiles(kernel: WinogradConvKernel, nr: int, threads: int = 1) -> int:
     """Tiles per block, a multiple of ``nr``: the fewest blocks whose ``v`` and ``m`` fit
-    ``BLOCK_BYTES`` (at least ``nr`` tiles each), the image's tiles split evenly among them."""
+    ``BLOCK_BYTES`` (at least ``nr`` tiles each) and, where the image has the tiles for it, at
+    least one block per thread (threads share an image's blocks), the tiles split evenly."""
     count = kernel.tiles[0] * kernel.tiles[1]
     fit = max(nr, BLOCK_BYTES // (16 * (kernel.x_shape[1] + kernel.c_out) * 4) // nr * nr)
-    blocks = -(-count // fit)
+    blocks = max(-(-count // fit), min(threads, count // nr))
     per_block = -(-count // blocks)
     return -(-per_block // nr) * nr
 
@@ -91,7 +93,13 @@ def _default_tiles(kernel: WinogradConvKernel, nr: int) -> int:
 def make_tiling(kernel: WinogradConvKernel, block_dim: int, tiles: int, mr: int, nr: int,
                 vector_bytes: int = VECTOR_BYTES) -> WinogradTiling:
     """The tiling with these knobs and the workspace it needs (``tiles`` rounded up to a
-    multiple of ``nr``, capped at the image's tiles rounded so)."""
+    multiple of ``nr``, capped at the image's tiles rounded so).
+
+    Raises:
+        ValueError: ``nr`` is not a whole number of vectors of ``vector_bytes``.
+    """
+    if nr % (vector_bytes // 4):
+        raise ValueError(f"nr={nr} is not a multiple of the {vector_bytes // 4} lanes of a {vector_bytes}-byte vector")
     count = kernel.tiles[0] * kernel.tiles[1]
     tiles = -(-max(nr, min(tiles, count)) // nr) * nr
     return WinogradTiling(block_dim=block_dim, tiles=tiles, mr=mr, nr=nr,
@@ -102,17 +110,20 @@ def make_tiling(kernel: WinogradConvKernel, block_dim: int, tiles: int, mr: int,
 def solve(kernel: WinogradConvKernel, device_limit: int, count: int = MAX_TOPN,
           vector_bytes: int = VECTOR_BYTES) -> list[WinogradTiling]:
     """Candidate tilings, the default first, at most ``count``: the default register tile
-    (``REGISTER_TILES``) on ``_default_rows`` blocks with all ``device_limit`` threads (one
+    (``REGISTER_TILES``) on ``_default_tiles`` blocks with all ``device_limit`` threads (one
     under ``PARALLEL_MIN_FLOPS``); then the other thread count, the other register tile,
-    blocks of twice and half the rows."""
+    blocks of twice and half the tiles."""
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     vector_bytes = tile_width(vector_bytes)
     (mr, nr), (other_mr, other_nr) = REGISTER_TILES[vector_bytes]
-    tiles = _default_tiles(kernel, nr)
+    tiles = _default_tiles(kernel, nr, threads)
     options = [make_tiling(kernel, threads, tiles, mr, nr, vector_bytes)]
     if device_limit > 1:
-        options.append(make_tiling(kernel, device_limit if threads == 1 else 1, tiles, mr, nr, vector_bytes))
-    options.append(make_tiling(kernel, threads, _default_tiles(kernel, other_nr), other_mr, other_nr, vector_bytes))
+        other_threads = device_limit if threads == 1 else 1
+        options.append(make_tiling(kernel, other_threads, _default_tiles(kernel, nr, other_threads), mr, nr,
+                                   vector_bytes))
+    options.append(make_tiling(kernel, threads, _default_tiles(kernel, other_nr, threads), other_mr, other_nr,
+                               vector_bytes))
     options.append(make_tiling(kernel, threads, tiles * 2, mr, nr, vector_bytes))
     options.append(make_tiling(kernel, threads, tiles // 2, mr, nr, vector_bytes))
     return list(dict.fromkeys(options))[:min(count, MAX_TOPN)]
@@ -122,14 +133,14 @@ def estimate_us(kernel: WinogradConvKernel, tiling: WinogradTiling, gflops: floa
     """Guess in us: the 16 GEMMs (4/9 of the direct convolution's flops, padded to whole
     register tiles) at ``gflops`` per thread, the transforms at ~30 GB/s over ``v`` and ``m``
     (written and read in L2; 64 x 56 x 56 at 1 thread: 1414 us estimated, 1517 measured),
-    the blocks shared among the threads, ~2 us for the parallel region."""
+    an image's blocks shared among the threads, ~2 us for the parallel region."""
     n, c_in = kernel.x_shape[:2]
     blocks = -(-kernel.tiles[0] * kernel.tiles[1] // tiling.tiles)
     channels = -(-kernel.c_out // tiling.mr) * tiling.mr
     gemm = 2 * n * blocks * 16 * tiling.tiles * c_in * channels / (gflops * wide_speedup(tiling.vector_bytes) * 1e3)
     transforms = n * blocks * block_bytes(kernel, tiling.tiles) * 2 / 30e3
     region = 2.0 if tiling.block_dim > 1 else 0.0
-    return (gemm + transforms) / min(tiling.block_dim, n * blocks) + region
+    return (gemm + transforms) / min(tiling.block_dim, blocks) + region
 
 
 def render_kernel(kernel: WinogradConvKernel, tiling: WinogradTiling) -> str:
