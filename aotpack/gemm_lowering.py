@@ -278,27 +278,40 @@ def _bias_name(bias: tuple) -> str:
     return f"{base.name}.conv_bias" if whole else f"{base.name}.conv_bias@{offset}:{list(shape)}:{list(strides)}"
 
 
-def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
-    """aotpack's own convolution (``kernel_ir.ConvKernel``, tuned like any kernel) on
-    weight panels packed now; None when it does not apply (groups, a strided input, an
-    epilogue it lacks)."""
-    stride, padding, dilation, _transposed, _output_padding, groups = m.gemm.args[3:9]
+def _dense_conv_applies(m, x, bias, other, out) -> bool:
+    """Whether aotpack's dense (groups 1) convolution kernels, the direct template and
+    Winograd, take this match: an epilogue they have, a contiguous 4-D ``x``, a residual laid
+    out like ``out``, a constant bias."""
+    groups = m.gemm.args[8]
     if groups != 1 or m.epilogue not in CONV_EPILOGUES or not _contiguous_from(x) or len(x[1]) != 4:
-        return None
+        return False
     if other is not None and (not _contiguous_from(other) or tuple(other[1]) != tuple(out.shape)):
-        return None
-    if bias is not None and bias[0].kind != "constant":
-        return None
-    dense = lw.constant_tensors[weight.name]
-    c_out = dense.shape[0]
-    panels = _constant(lw, f"{weight.name}.conv_panels", pack_panels(dense.reshape(c_out, -1)))
-    inputs = [x[0], panels]
+        return False
+    return bias is None or bias[0].kind == "constant"
+
+
+def _dense_conv_inputs(lw, x, weight: Buffer, bias, other, c_out: int) -> tuple:
+    """A dense convolution kernel's inputs: ``(x base, weight[, padded bias][, residual base])``."""
+    inputs = [x[0], weight]
     if bias is not None:
         inputs.append(_constant(lw, _bias_name(bias), pad_bias(_constant_values(lw, bias).reshape(c_out))))
     if other is not None:
         inputs.append(other[0])
+    return tuple(inputs)
+
+
+def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+    """aotpack's own convolution (``kernel_ir.ConvKernel``, tuned like any kernel) on
+    weight panels packed now; None when it does not apply (``_dense_conv_applies``)."""
+    if not _dense_conv_applies(m, x, bias, other, out):
+        return None
+    stride, padding, dilation = m.gemm.args[3:6]
+    dense = lw.constant_tensors[weight.name]
+    c_out = dense.shape[0]
+    panels = _constant(lw, f"{weight.name}.conv_panels", pack_panels(dense.reshape(c_out, -1)))
     kernel = ConvKernel(f"conv_{m.epilogue}_{len(lw.kernels)}", f"conv_{m.epilogue}", tuple(x[1]), c_out,
-                        tuple(dense.shape[2:]), tuple(stride), tuple(padding), tuple(dilation), tuple(inputs), (out,),
+                        tuple(dense.shape[2:]), tuple(stride), tuple(padding), tuple(dilation),
+                        _dense_conv_inputs(lw, x, panels, bias, other, c_out), (out,),
                         epilogue=m.epilogue, has_bias=bias is not None, x_offset=x[3],
                         residual_offset=other[3] if other is not None else 0)
     lw.kernels.append(kernel)
@@ -340,34 +353,23 @@ WINOGRAD_MIN_CHANNELS = 16
 def _winograd_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     """aotpack's F(2x2, 3x3) Winograd convolution (``kernel_ir.WinogradConvKernel``) on
     filters transformed now (an input of +-inf gives NaN in the outputs its tiles reach, where
-    the direct convolution gives +-inf: see that class); None unless the convolution is 3x3, stride 1, dilation 1,
-    groups 1, padding <= 2, with at least ``WINOGRAD_MIN_TILES`` output tiles and
-    ``WINOGRAD_MIN_CHANNELS`` input channels, contiguous operands and an epilogue the
-    convolution templates have."""
-    stride, padding, dilation, _transposed, _output_padding, groups = m.gemm.args[3:9]
-    if groups != 1 or m.epilogue not in CONV_EPILOGUES or not _contiguous_from(x) or len(x[1]) != 4:
+    the direct convolution gives +-inf: see that class); None unless the direct template would
+    take it (``_dense_conv_applies``) and it is 3x3, stride 1, dilation 1, padding <= 2, with at
+    least ``WINOGRAD_MIN_TILES`` output tiles and ``WINOGRAD_MIN_CHANNELS`` input channels."""
+    stride, padding, dilation = m.gemm.args[3:6]
+    if not _dense_conv_applies(m, x, bias, other, out):
         return None
     if tuple(weight.shape[2:]) != (3, 3) or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1):
         return None
-    if max(padding) > 2 or x[1][1] < WINOGRAD_MIN_CHANNELS:
-        return None
-    if other is not None and (not _contiguous_from(other) or tuple(other[1]) != tuple(out.shape)):
-        return None
-    if bias is not None and bias[0].kind != "constant":
-        return None
     (oh, ow) = out.shape[2:]
-    if -(-oh // 2) * -(-ow // 2) < WINOGRAD_MIN_TILES:
+    if max(padding) > 2 or x[1][1] < WINOGRAD_MIN_CHANNELS or -(-oh // 2) * -(-ow // 2) < WINOGRAD_MIN_TILES:
         return None
     dense = lw.constant_tensors[weight.name]
     c_out = dense.shape[0]
-    inputs = [x[0], _constant(lw, f"{weight.name}.winograd", winograd_weights(dense))]
-    if bias is not None:
-        inputs.append(_constant(lw, _bias_name(bias), pad_bias(_constant_values(lw, bias).reshape(c_out))))
-    if other is not None:
-        inputs.append(other[0])
+    u = _constant(lw, f"{weight.name}.winograd", winograd_weights(dense))
     kernel = WinogradConvKernel(f"winograd_{m.epilogue}_{len(lw.kernels)}", f"winograd_{m.epilogue}", tuple(x[1]),
-                                c_out, tuple(padding), tuple(inputs), (out,), epilogue=m.epilogue,
-                                has_bias=bias is not None, x_offset=x[3],
+                                c_out, tuple(padding), _dense_conv_inputs(lw, x, u, bias, other, c_out), (out,),
+                                epilogue=m.epilogue, has_bias=bias is not None, x_offset=x[3],
                                 residual_offset=other[3] if other is not None else 0)
     lw.kernels.append(kernel)
     return GemmVariant("winograd", [KernelCall(kernel)], [])

@@ -502,6 +502,20 @@ CONV_EPILOGUES = {name: text for name, text in GEMM_EPILOGUES.items() if name !=
 CONV_EPILOGUES["add_relu"] = "relu(y + residual)"
 
 
+def conv_output_lines(kernel, conv: str, c_out: int) -> list[str]:
+    """The printed form's residual input (epilogues ``add``, ``add_relu``) and output lines of
+    a dense convolution kernel (``ConvKernel``, ``WinogradConvKernel``); ``conv`` names the
+    convolution in the output's formula."""
+    n = kernel.x_shape[0]
+    oh, ow = kernel.out_hw
+    lines = []
+    if kernel.epilogue in ("add", "add_relu"):
+        lines.append(f"  in{len(kernel.inputs) - 1}: float32 residual[{n}, {c_out}, {oh}, {ow}] contiguous "
+                     f"at {kernel.residual_offset}")
+    y = conv + (" + bias" if kernel.has_bias else "")
+    return lines + [f"  out0: float32[{n}, {c_out}, {oh}, {ow}] = {CONV_EPILOGUES[kernel.epilogue]} where y = {y}"]
+
+
 @dataclass(frozen=True, eq=False)
 class ConvKernel:
     """A direct 2-D convolution template kernel, float32, NCHW, groups 1:
@@ -587,19 +601,13 @@ class ConvKernel:
         """The kernel as text: the convolution, its operands' layouts and its epilogue."""
         head = f"conv2d {self.name}" if with_name else "conv2d"
         n, c, h, w = self.x_shape
-        oh, ow = self.out_hw
         lines = [f"{head} [n<{n}, m<{self.m}, n_out<{self.n}, k<{self.k}] kernel {list(self.kernel_size)} "
                  f"stride {list(self.stride)} padding {list(self.padding)} dilation {list(self.dilation)}",
                  f"  in0: float32 x[{n}, {c}, {h}, {w}] contiguous at {self.x_offset}",
                  f"  in1: float32 weight panels [{self.panels}, {self.k}, {self.panel}]"]
         if self.has_bias:
             lines.append(f"  in2: float32 bias [{self.panels * self.panel}]")
-        if self.epilogue in ("add", "add_relu"):
-            lines.append(f"  in{len(self.inputs) - 1}: float32 residual[{n}, {self.n}, {oh}, {ow}] contiguous "
-                         f"at {self.residual_offset}")
-        y = "conv(x, weight)" + (" + bias" if self.has_bias else "")
-        lines.append(f"  out0: float32[{n}, {self.n}, {oh}, {ow}] = {CONV_EPILOGUES[self.epilogue]} where y = {y}")
-        return "\n".join(lines)
+        return "\n".join(lines + conv_output_lines(self, "conv(x, weight)", self.n))
 
     def __str__(self) -> str:
         return self.format()
@@ -691,20 +699,13 @@ class WinogradConvKernel:
         """The kernel as text: the convolution, its operands' layouts and its epilogue."""
         head = f"winograd_conv2d {self.name}" if with_name else "winograd_conv2d"
         n, c, h, w = self.x_shape
-        oh, ow = self.out_hw
         lines = [f"{head} F(2x2,3x3) [n<{n}, tiles<{self.tiles[0]}x{self.tiles[1]}, c_out<{self.c_out}, "
                  f"c_in<{c}] padding {list(self.padding)}",
                  f"  in0: float32 x[{n}, {c}, {h}, {w}] contiguous at {self.x_offset}",
                  f"  in1: float32 transformed weight u[16, {c}, {self.c_out}]"]
         if self.has_bias:
             lines.append(f"  in2: float32 bias [{self.c_out}]")
-        if self.epilogue in ("add", "add_relu"):
-            lines.append(f"  in{len(self.inputs) - 1}: float32 residual[{n}, {self.c_out}, {oh}, {ow}] contiguous "
-                         f"at {self.residual_offset}")
-        y = "conv3x3(x, weight)" + (" + bias" if self.has_bias else "")
-        lines.append(f"  out0: float32[{n}, {self.c_out}, {oh}, {ow}] = {CONV_EPILOGUES[self.epilogue]} "
-                     f"where y = {y}")
-        return "\n".join(lines)
+        return "\n".join(lines + conv_output_lines(self, "conv3x3(x, weight)", self.c_out))
 
     def __str__(self) -> str:
         return self.format()

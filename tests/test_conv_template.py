@@ -188,18 +188,24 @@ def test_every_tiling_matches_torch(case, tmp_path):
     bias = torch.randn(c_out, generator=generator) if has_bias else None
     tensors = [x_store, pack_panels(weight.reshape(c_out, -1))] + ([pad_bias(bias)] if has_bias else [])
     y = F.conv2d(x, weight, bias, stride, padding, dilation)
+    assert_every_tiling_matches(kernel, _tilings(kernel), tensors, y, generator, r_offset, tmp_path, ATOL, RTOL)
+
+
+def assert_every_tiling_matches(kernel, tilings, tensors, y, generator, r_offset, folder, atol, rtol):
+    """Compile ``tilings`` of a convolution ``kernel``, launch each on ``tensors`` (plus a fresh
+    residual storage from ``generator`` for the ``add`` epilogues, read from ``r_offset``) and
+    compare its output, first filled with NaN, with the kernel's epilogue of ``y``."""
     residual = None
-    if epilogue in ("add", "add_relu"):
+    if kernel.epilogue in ("add", "add_relu"):
         r_store = torch.randn(kernel.inputs[-1].shape, generator=generator)
         residual = r_store[r_offset:].view(y.shape)
-        tensors.append(r_store)
-    expected = EPILOGUES[epilogue](y, residual)
-    tilings = _tilings(kernel)
-    launcher = compile_tilings(kernel, tilings, tmp_path)
+        tensors = tensors + [r_store]
+    expected = EPILOGUES[kernel.epilogue](y, residual)
+    launcher = compile_tilings(kernel, tilings, folder)
     for tiling in tilings:
         out = torch.full(expected.shape, float("nan"))
         launcher.launch(tiling.kernel_key, tensors + [out])
-        torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
+        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol, msg=lambda text: f"{tiling}: {text}")
 
 
 @pytest.mark.unit

@@ -14,8 +14,7 @@ from aotpack import gemm_lowering
 from aotpack.backends.cpu import winograd_template
 from aotpack.ir import Buffer, contiguous_strides
 from aotpack.kernel_ir import WINOGRAD_G, WinogradConvKernel, winograd_weights
-from conftest import compile_tilings
-from test_conv_template import EPILOGUES
+from test_conv_template import assert_every_tiling_matches
 
 ATOL, RTOL = 1e-4, 1e-4
 
@@ -106,18 +105,7 @@ def test_every_tiling_matches_torch(case, tmp_path):
     bias = torch.randn(c_out, generator=generator) if has_bias else None
     tensors = [x_store, winograd_weights(weight)] + ([bias] if has_bias else [])
     y = F.conv2d(x, weight, bias, 1, padding)
-    residual = None
-    if epilogue in ("add", "add_relu"):
-        r_store = torch.randn(kernel.inputs[-1].shape, generator=generator)
-        residual = r_store[r_offset:].view(y.shape)
-        tensors.append(r_store)
-    expected = EPILOGUES[epilogue](y, residual)
-    tilings = _tilings(kernel)
-    launcher = compile_tilings(kernel, tilings, tmp_path)
-    for tiling in tilings:
-        out = torch.full(expected.shape, float("nan"))
-        launcher.launch(tiling.kernel_key, tensors + [out])
-        torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
+    assert_every_tiling_matches(kernel, _tilings(kernel), tensors, y, generator, r_offset, tmp_path, ATOL, RTOL)
 
 
 class _Match:

@@ -61,11 +61,11 @@ def build_body(kernel: FusedKernel) -> KernelBody:
     inf = f"std::numeric_limits<{ctype}>::infinity()"
     nan = f"std::numeric_limits<{ctype}>::quiet_NaN()"
     out = f"out0[r * {size} + j]"
+    args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
+    args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
     if chunks == 1:
         lines = _one_chunk_lines(size, block_max.lines, value_max, block_exp.lines, value_exp,
                                  ctype, out_type, chunk_type, inf, nan, out)
-        args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
-        args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
         return KernelBody(args, ctx.row_lines + lines, [], False, True)
     lines = [f"{ctype} om = -{inf};", f"{acc_type} os = 0;", "int onan = 0;", f"{ctype} chunk_max[{chunks}];",
              f"for (int64_t c = 0; c < {chunks}; ++c) {{",
@@ -93,8 +93,6 @@ def build_body(kernel: FusedKernel) -> KernelBody:
               f"  #pragma omp simd{SIMDLEN_MARK}",
               f"  for (int64_t j = jc; j < jc_end; ++j) {out} = {out} * factor;",
               "}"]
-    args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
-    args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
     return KernelBody(args, ctx.row_lines + lines, [], False, True)
 
 
