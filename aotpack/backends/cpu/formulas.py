@@ -93,7 +93,8 @@ FORMULAS = {
 #: Helper groups of ``cpu_math.h.j2`` rendered only into kernels that call them (the
 #: rest of the header is in every kernel) -> the helpers of each group.
 OPTIONAL_HELPERS = {"rounding": ("ap_div_trunc", "ap_div_floor", "ap_remainder"),
-                    "nonpositive_exp": ("ap::exp_nonpositive",)}
+                    "nonpositive_exp": ("ap::exp_nonpositive",),
+                    "streaming_store": ("ap_store_scaled_streaming",)}
 
 #: C++'s % truncates toward zero like fmod; x % 0 is undefined, torch gives x - x.
 INTEGER_FMOD = "({1} == 0 ? {0} - {0} : {0} % {1})"

@@ -404,7 +404,7 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
     if online == 2:
         from aotpack.backends.cpu import softmax_store  # builds on this module's writer
 
-        body = softmax_store.build_body(kernel)
+        body = softmax_store.build_body(kernel, bool(getattr(tiling, "stream", 0)))
     else:
         body = build_body(kernel, bool(online))
     clause = f" simdlen({tiling.simdlen})" if tiling.simdlen else ""

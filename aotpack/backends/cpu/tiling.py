@@ -53,6 +53,8 @@ class Tiling(Candidate):
     col_block: a column reduction (``x.sum(0)``) sweeps rows across blocks of this many
     outputs (``reduce_loops``; 0 = the row form). split: segments each row is cut into
     for a reduction of few long rows, partials in the workspace (0 = whole rows).
+    stream: 1 = the stored-exp softmax (``online=2``) buffers a row's exp and writes the
+    output with non-temporal stores (``softmax_store.streams``: large outputs only).
     """
 
     block_dim: int
@@ -64,6 +66,7 @@ class Tiling(Candidate):
     online: int = 0
     col_block: int = 0
     split: int = 0
+    stream: int = 0
 
     @property
     def tiling_repr(self) -> str:
@@ -73,7 +76,8 @@ class Tiling(Candidate):
         text += f";row_block={self.row_block}" if self.row_block else ""
         text += f";online={self.online}" if self.online else ""
         text += f";col_block={self.col_block}" if self.col_block else ""
-        return text + (f";split={self.split}" if self.split else "")
+        text += f";split={self.split}" if self.split else ""
+        return text + (f";stream={self.stream}" if self.stream else "")
 
 
 def _default_block_dim(numel: int, parallel_items: int, device_limit: int) -> int:
@@ -112,6 +116,8 @@ def solve(kernel: FusedKernel, device_limit: int, count: int = MAX_TOPN) -> list
         options = [online, default] if cols > ONLINE_FIRST_COLS else [default, online]
         if softmax_store.applies(kernel):  # softmax itself: one read of x, one exp per element
             options.insert(0, dataclasses.replace(default, online=2))
+        if softmax_store.streams(kernel):  # too big for the caches: no read of the output lines
+            options.insert(0, dataclasses.replace(default, online=2, stream=1))
         default = options[0]
     if transposing:
         options += [Tiling(block, min(cols, 64), 0, 0, row_block=32), Tiling(block, default_tile, 0, 0)]
