@@ -171,10 +171,12 @@ def test_softmax_every_form_odd_widths_special_values_and_strided_inputs(tmp_pat
 
 def test_streamed_softmax_matches_eager_with_special_values(tmp_path, kernel_cache):
     """The streamed stored-exp softmax (row buffer, non-temporal stores; outputs >= 16 MiB):
-    rows of 5000 (two chunks of ``STREAM_CHUNK``, the second partial), 1031 (one chunk;
-    rows start off the 64-byte alignment, so the stores' scalar head and tail run) and 257
-    (the one-chunk form), against the plain stored form and eager, with a row of -inf,
-    -inf before the first finite element (and chunk), a NaN and a +inf."""
+    rows of 5000 (two chunks of ``STREAM_CHUNK``, the second partial), 4096 (one chunk of
+    whole blocks: the constant-trip exp loop), 1031 (one chunk; rows start off the 64-byte
+    alignment, so the stores' scalar head and tail run) and 257 (the one-chunk form), against
+    the plain stored form and eager, with a row of -inf, -inf before the first finite element
+    (and chunk), a NaN and a +inf. (A missing fence would not show on one machine: x86 orders
+    a thread's own loads after its streaming stores.)"""
     forward = """
         def special(t):
             t = t.clone()
@@ -183,14 +185,15 @@ def test_streamed_softmax_matches_eager_with_special_values(tmp_path, kernel_cac
             t[2, 7] = float("nan")
             t[3, -1] = float("inf")
             return t
-        return tuple(torch.softmax(special(t), -1) for t in (x, x1, x2))
+        return tuple(torch.softmax(special(t), -1) for t in (x, x1, x2, x3))
     """
     path = write_model(tmp_path, "softmax_streamed", forward, "torch.randn(4100, 1031, generator=g) * 30",
-                       "torch.randn(16400, 257, generator=g) * 30", "torch.randn(850, 5000, generator=g) * 30")
+                       "torch.randn(16400, 257, generator=g) * 30", "torch.randn(850, 5000, generator=g) * 30",
+                       "torch.randn(1024, 4096, generator=g) * 30")
     reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: t.online == 2)
-    assert [r.count(";stream=1") for r in reprs] == [3, 0], reprs
+    assert [r.count(";stream=1") for r in reprs] == [4, 0], reprs
     streamed = [k for k in graph.distinct_kernels() if softmax_store.streams(k)]
-    assert len(streamed) == 3
+    assert len(streamed) == 4
     for kernel in streamed:
         source = backends.get("cpu").render_kernel(kernel, tiling.solve(kernel, DEVICE_LIMIT)[0])
         assert "ap_store_scaled_streaming(out0" in source and "ap_stream_fence();" in source

@@ -94,7 +94,7 @@ FORMULAS = {
 #: rest of the header is in every kernel) -> the helpers of each group.
 OPTIONAL_HELPERS = {"rounding": ("ap_div_trunc", "ap_div_floor", "ap_remainder"),
                     "nonpositive_exp": ("ap::exp_nonpositive",),
-                    "streaming_store": ("ap_store_scaled_streaming",)}
+                    "streaming_store": ("ap_store_scaled_streaming", "ap_stream_fence")}
 
 #: C++'s % truncates toward zero like fmod; x % 0 is undefined, torch gives x - x.
 INTEGER_FMOD = "({1} == 0 ? {0} - {0} : {0} % {1})"

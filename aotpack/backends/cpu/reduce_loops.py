@@ -128,7 +128,8 @@ def column_loops(kernel: FusedKernel, tiling) -> list[str]:
 
 #: Rows a float32 column sum adds in float before adding into its double accumulators.
 COLUMN_CHUNK = 32
-#: Rows a float32 column sum reads per pass over its partials (a multiple that divides COLUMN_CHUNK).
+#: Rows a float32 column sum reads per pass over its partials, added pairwise (even; a chunk's
+#: rows beyond a multiple of it take a one-row tail loop).
 COLUMN_ROWS_PER_PASS = 4
 
 
@@ -139,11 +140,11 @@ def _column_chunks(acc: str, block: int, size: int, last: int, inner: list, valu
     A double accumulator per element costs a conversion and twice the L1 traffic of a
     float one (4096x4096 column sum at 2 threads: 2890-3680 us against 2610-3110 us).
     Each pass over the partials adds ``COLUMN_ROWS_PER_PASS`` rows, pairwise, so the
-    partials are loaded and stored once per four rows: one row per pass read 10.9 GB/s
-    on one Zen 4 core, four rows 19.1 GB/s (the core's plain read: 21.0). Each element
-    passes through at most ``COLUMN_CHUNK - 1`` float adds, so a chunk errs by at most
-    ``31 * 2^-24`` (~2e-6) of its sum of magnitudes (Higham, section 4.2); chunks add in
-    double, so 16M rows do not drift.
+    partials are loaded and stored once per pass: one row per pass read 10.9 GB/s on one
+    Zen 4 core, four rows 19.1 GB/s (the core's plain read: 21.0). Each element passes
+    through at most ``COLUMN_CHUNK - 1`` float adds (with four-row passes, 2 + 7 + 1), so
+    a chunk errs by at most ``31 * 2^-24`` (~2e-6) of its sum of magnitudes (Higham,
+    section 4.2); chunks add in double, so 16M rows do not drift.
     """
     rows = COLUMN_ROWS_PER_PASS
     lines = [f"float part_{acc}[{block}];",

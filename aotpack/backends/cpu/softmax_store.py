@@ -8,7 +8,8 @@ chunk ``c`` by ``exp(m_c - M) / S``. The input is read once and ``exp`` runs onc
 element (the three-sweep form reads the row three times and runs ``exp`` twice).
 
 The exp loop runs in blocks of ``PREFETCH_BLOCK`` elements, each prefetching the next
-chunk's lines of the input and the output (``_prefetch_lines``), and its ``exp`` is
+chunk's lines of the input and the output (``_prefetch_lines``; the streamed variant below
+writes no output there and prefetches the input only), and its ``exp`` is
 ``ap::exp_nonpositive`` (the argument is ``a - running max <= 0``).
 
 The streamed variant (``Tiling.stream``, ``streams``) keeps a row's ``exp`` values in a
