@@ -16,8 +16,9 @@ The streamed variant (``Tiling.stream``, ``streams``) keeps a row's ``exp`` valu
 buffer on the thread's stack and writes the scaled row with non-temporal stores
 (``ap_store_scaled_streaming``): a plain store first reads the output line into the cache,
 so a softmax too big for the caches moves 3 bytes per output byte where this moves 2.
-4096 x 4096 float32 in the model, Zen 4, interleaved: 5524 against 6393 us at 2 threads
-(0.86x), level at 1 (9136 against 9229 us: one core's exp, not memory, is the bound there).
+4096 x 4096 float32 in the model, Zen 4, interleaved, with ``STREAM_CHUNK`` and the lane
+sums of ``_exp_loop``, against the plain stored form before both: 7575 against 9348 us at
+1 thread (0.81x), 5114 against 5875 us at 2 (0.87x).
 It is offered only for outputs of at least ``STREAM_MIN_BYTES`` (a smaller output would be
 in the cache for the kernel that reads it next); PGO picks between the two.
 
@@ -213,8 +214,8 @@ def _exp_loop(kernel: FusedKernel, total, size: int, chunk: int, body: list[str]
     The blocked loop adds into ``PREFETCH_BLOCK`` lane sums kept across the chunk's blocks
     (``cs_lanes``), folded into ``cs`` once after them: an ``omp simd reduction`` per block
     folded its vector lanes every 64 elements, and that horizontal sum was the loop's
-    bottleneck (4096 x 4096 streamed softmax at 1 thread: 8.3-8.8 ms against 7.2-7.6 ms with
-    sums kept in vectors; the same loop without its exp ran 7.0-7.3 ms)."""
+    bottleneck (4096 x 4096 streamed softmax in the model, interleaved: 8681 against 7453 us
+    at 1 thread, 4418 against 4227 us at 2)."""
     prefetch = _prefetch_lines(kernel, total, chunk, prefetch_output) if chunk >= PREFETCH_BLOCK else []
     if not prefetch:
         return ([f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}", "  for (int64_t j = jc; j < jc_end; ++j) {"]
