@@ -204,7 +204,12 @@ try:
         seconds["warm_rebuild"] = build(sys.argv[1], sys.argv[2] + "-warm", settings=settings).seconds["total"]
     except Exception:  # the cold build stands; the table shows no warm time
         seconds["warm_rebuild"] = None
-    print(json.dumps({"archive": str(result.archive), "seconds": seconds}))
+    # one archive tuned for each smaller thread count the benchmark runs at (--device-limit N)
+    archives = {}
+    for limit in filter(None, sys.argv[5].split(",")):
+        tuned = Settings.from_env(topn=sys.argv[3], device_limit=limit)
+        archives[limit] = str(build(sys.argv[1], f"{sys.argv[2]}-limit{limit}", settings=tuned).archive)
+    print(json.dumps({"archive": str(result.archive), "seconds": seconds, "archives": archives}))
 except AotpackError as exc:
     print(json.dumps({"error": " ".join(str(exc).split())}))
 except BaseException as exc:
@@ -216,30 +221,42 @@ class Aotpack:
     """``aotpack.build`` in a child process with a private, empty kernel cache, run
     in-process by ``aotpack.load(path, device_limit=threads)``. The child builds twice:
     the cold build is the variant's build time, the second one (phase ``warm_rebuild``)
-    shows a rebuild on the warm cache."""
+    shows a rebuild on the warm cache. PGO tunes for the build's device limit (all cores
+    by default), so for each smaller thread count in ``tuned_limits`` the child also builds
+    the archive a user deploying on that many cores would, with ``--device-limit N`` (on
+    the warm cache: only the candidates whose block_dim differs are compiled), and
+    ``load(N)`` runs that one."""
 
     name = "aotpack"
     child_process = True
 
-    def __init__(self, topn: int = 1):
+    def __init__(self, topn: int = 1, tuned_limits: tuple = ()):
         self.topn = topn
+        self.tuned_limits = tuple(tuned_limits)
+        self.tuned_archives: dict[int, Path] = {}
 
     def build(self, model_path: Path, module, inputs, work: Path) -> dict:
         env = dict(os.environ, AOTPACK_CACHE_DIR=str(work / "aotpack-cache"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        report = _child(AOTPACK_SCRIPT, [str(model_path), str(work / "dist"), str(self.topn), str(REPO)], env,
-                        "aotpack build", timeout=1800)
+        limits = ",".join(str(n) for n in self.tuned_limits)
+        report = _child(AOTPACK_SCRIPT, [str(model_path), str(work / "dist"), str(self.topn), str(REPO), limits],
+                        env, "aotpack build", timeout=1800)
         self.archive = Path(report["archive"])
+        self.tuned_archives = {int(n): Path(path) for n, path in report.get("archives", {}).items()}
         seconds = dict(report["seconds"])
         return {"build_s": seconds.get("total"), "size_bytes": _size(self.archive), "phases": seconds}
 
     def load(self, threads: int):
         import aotpack
 
-        model = aotpack.load(self.archive, device_limit=threads)
+        model = aotpack.load(self.tuned_archives.get(threads, self.archive), device_limit=threads)
         return model
 
 
-def all_variants(topn: int = 1) -> list:
-    """One fresh instance of each variant, in table order."""
-    return [Eager(), AOTInductor(), OnnxRuntime(), OpenVINO(), Aotpack(topn)]
+def all_variants(topn: int = 1, threads: tuple = ()) -> list:
+    """One fresh instance of each variant, in table order; aotpack also builds an archive
+    tuned for each of ``threads`` below this machine's core count."""
+    from aotpack.config import available_cores
+
+    smaller = tuple(sorted(n for n in set(threads) if n < available_cores()))
+    return [Eager(), AOTInductor(), OnnxRuntime(), OpenVINO(), Aotpack(topn, smaller)]

@@ -142,7 +142,7 @@ class ModelBench:
     """One model of the benchmark: its eager reference, its variants' builds (in a private
     temporary folder, removed by :meth:`close`) and its result entry."""
 
-    def __init__(self, name: str, path: Path, topn: int):
+    def __init__(self, name: str, path: Path, topn: int, threads: list[int]):
         self.name, self.path = name, path
         model_file = load_model_file(path)
         self.module = copy.deepcopy(model_file.module).eval()
@@ -154,7 +154,7 @@ class ModelBench:
                       "bytes_moved": _bytes_moved(self.module, self.inputs, self.reference),
                       "variants": {}, "aotpack_phases": {}, "runs": {}}
         self._tmp = tempfile.TemporaryDirectory(prefix="aotpack-peers-")
-        self.pending = all_variants(topn)
+        self.pending = all_variants(topn, tuple(threads))
         self.variants: dict = {}  # name -> built variant
 
     def build(self, variant) -> None:
@@ -298,7 +298,10 @@ def _method(args, threads: list[int]) -> list[str]:
         f"aotpack: aotpack.build with an empty private kernel cache, --topn {args.topn}, then aotpack.load; "
         "`warm_rebuild` in the phase table: the same build again on its warm cache, in the same child process "
         "(torch, torch.export and the toolchain probes already loaded; a fresh `aotpack build` process adds their "
-        "~4 s).",
+        "~4 s). PGO tunes for the build's device limit (all cores by default): for each smaller thread count "
+        "the child also builds the archive a user deploying on that many cores builds, with --device-limit N "
+        "(on the same cache, after the timed builds), and that thread count runs it; build times and sizes "
+        "are those of the all-cores build.",
         "All builds come first, before any timing: the in-process ONNX exports and OpenVINO conversions, then "
         f"the AOTInductor and aotpack builds in child processes (nice 10), {args.build_jobs} at a time (aotpack "
         "times its candidates during its build: nothing else runs beside it when that is 1). "
@@ -412,7 +415,7 @@ def main(argv=None) -> int:
         result["stream_gbs"][str(count)] = stream_bandwidth_gbs(count)
     print(f"{result['machine']}\nstreaming bandwidth: " +
           ", ".join(f"{v:.1f} GB/s @{t}" for t, v in result["stream_gbs"].items()), flush=True)
-    benches = [ModelBench(name, MODELS[name], args.topn) for name in chosen]
+    benches = [ModelBench(name, MODELS[name], args.topn, threads) for name in chosen]
     print(f"building {len(benches)} models x {len(all_variants())} variants ({args.build_jobs} child builds at a time)",
           flush=True)
     build_all(benches, args.build_jobs)
