@@ -100,12 +100,19 @@ def test_tilings_default_first_unique_with_their_workspace():
 
 @pytest.mark.unit
 def test_strided_lanes_split_the_image_into_its_phases():
-    stem = _kernel((1, 3, 224, 224), 16, (3, 3), (2, 2), (1, 1))  # MobileNet's stem: strided 3x3, lanes second
+    stem = _kernel((1, 3, 224, 224), 16, (3, 3), (2, 2), (1, 1))  # MobileNet's stem: strided 3x3, rows second
     # 2 x 2 phases of 112 + 1 rows and columns each (the taps reach one row, one column further)
     assert conv_template.lanes_phases(stem) == (2, 2, 113, 113)
-    first, second = conv_template.solve(stem, 2)[:2]
-    assert (first.layout, second.layout, second.workspace) == ("nchw", "lanes", -(-3 * 4 * 113 * 113 * 4 // 64) * 64)
-    assert second.copies(stem)
+    first, second, *rest = conv_template.solve(stem, 2, count=10)
+    # rows: per thread 3 channels x 3 staged rows of 240 floats (the last 16-column tile's
+    # 2 x 16 floats from column 192 + 2, past the 1 + 224 of a zero-bordered row)
+    assert conv_template.staged_pitch(stem, 48) == 240
+    assert (first.layout, second.layout, second.workspace) == ("nchw", "rows", 2 * 3 * 3 * 240 * 4)
+    assert not second.copies(stem)
+    phases = [o for o in rest if o.layout == "lanes"]
+    assert [o.workspace for o in phases] == [-(-3 * 4 * 113 * 113 * 4 // 64) * 64] and phases[0].copies(stem)
+    wide = _kernel((1, 16, 112, 112), 32, (3, 3), (2, 2), (1, 1))  # 16 channels: the phases, no rows
+    assert not conv_template.rows_allowed(wide) and conv_template.solve(wide, 2)[1].layout == "lanes"
     downsample = _kernel((1, 64, 56, 56), 128, (1, 1), (2, 2), (0, 0))  # 1x1 s2: one phase of 28 x 28, lanes first
     assert conv_template.lanes_phases(downsample) == (1, 1, 28, 28)
     assert conv_template.solve(downsample, 2)[0].layout == "lanes"
@@ -158,6 +165,12 @@ CASES = [  # x shape, C_out, kernel, stride, padding, dilation, epilogue, bias, 
     ((1, 3, 16, 20), 12, (4, 4), (4, 4), (0, 0), (1, 1), "sigmoid", True, 0, 0),
     ((2, 4, 11, 9), 10, (2, 2), (2, 2), (1, 0), (1, 1), "relu", True, 0, 0),
     ((1, 5, 14, 17), 16, (3, 3), (3, 3), (1, 1), (1, 1), "add", True, 0, 1),
+    # rows (staged rows; up to 4 channels): 100 output columns (48-wide tiles: 48 + 48 + 4;
+    # 32-wide: three and a 4-column tail), stride 2, odd width; a 35-column row (one tile, a
+    # 3-lane tail), batch 2 with a residual; a 5x5 stride (1, 2) whose padding reaches past two rows
+    ((1, 2, 5, 199), 9, (3, 3), (2, 2), (1, 1), (1, 1), "hardswish", True, 0, 0),
+    ((2, 3, 9, 70), 19, (3, 3), (2, 2), (1, 1), (1, 1), "add_relu", False, 2, 1),
+    ((1, 4, 7, 8), 6, (5, 5), (1, 2), (3, 2), (1, 1), "relu", True, 0, 0),
 ]
 
 
@@ -170,10 +183,10 @@ def _tilings(kernel: ConvKernel) -> list[ConvTiling]:
     wide = [conv_template.make_tiling(kernel, 2, 14, 3, vector_bytes=64),  # AVX-512 (AVX2 code without it)
             conv_template.make_tiling(kernel, 2, 10, 3, vector_bytes=64, nr=32),
             conv_template.make_tiling(kernel, 1, 8, kernel.x_shape[1], layout="nhwc", vector_bytes=64)]
-    lanes = [conv_template.lanes_tiling(kernel, *knobs) for knobs in
-             ((2, 8, 48, 64), (1, 12, 32, 64), (2, 4, 24, 32), (1, 6, 16, 32), (1, 3, 64, 64))]
-    return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra + wide
-                              + (lanes if conv_template.lanes_layout(kernel) else [])))
+    knobs = ((2, 8, 48, 64), (1, 12, 32, 64), (2, 4, 24, 32), (1, 6, 16, 32), (1, 3, 64, 64))
+    lanes = [conv_template.lanes_tiling(kernel, *k) for k in knobs] if conv_template.lanes_layout(kernel) else []
+    rows = [conv_template.lanes_tiling(kernel, *k, staged=True) for k in knobs] if conv_template.rows_allowed(kernel) else []
+    return list(dict.fromkeys(conv_template.solve(kernel, 2) + extra + wide + lanes + rows))
 
 
 @pytest.mark.native

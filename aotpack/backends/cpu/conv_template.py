@@ -34,6 +34,15 @@ zero-bordered image into its stride phases (rows i*s + a, columns j*s + b:
 floats, of one phase. The register tile is ``mr`` channels x ``nr`` positions
 (``mc`` = ``nr``, ``kc`` = C_in).
 
+``layout`` ``rows`` is the ``lanes`` template without the whole-image copy, for a strided
+convolution of stride 1 or 2 along the row: per output row, each thread stages the KH
+input rows its windows read (per input channel, zero-bordered: ``staged_pitch`` floats
+a row, a few KB that stay in L1) and a tile's positions lie within that row. A stride-2
+tap of consecutive positions is every second float of a staged row, loaded as two
+vectors compacted by one shuffle. The phase copy of a strided ``lanes`` convolution
+writes and reads back an image-sized workspace; in a model that image is cold (MobileNet's
+stem: a 602 KB input read from L3 or memory, then 613 KB of phases).
+
 Knobs (the tiling): ``mr``, ``mc`` (positions per group), ``kc``, ``layout``, ``block_dim``.
 """
 from __future__ import annotations
@@ -74,8 +83,9 @@ class ConvTiling(Candidate):
 
     def copies(self, kernel: ConvKernel) -> bool:
         """Whether a launch copies the image first (padding, the channels-last layout, or a
-        strided ``lanes`` convolution's phases): whether ``image_region`` takes any bytes."""
-        return image_region(kernel, self.layout) > 0
+        strided ``lanes`` convolution's phases): whether ``image_region`` takes any bytes.
+        ``rows`` stages rows as it goes instead."""
+        return self.layout != "rows" and image_region(kernel, self.layout) > 0
 
 
 def _group_positions(kernel: ConvKernel, mr: int) -> int:
@@ -116,6 +126,51 @@ def image_region(kernel: ConvKernel, layout: str) -> int:
     if layout in ("nchw", "lanes", "pointwise") and not (ph or pw):
         return 0
     return -(-(c * (h + 2 * ph) * (w + 2 * pw) * 4) // 64) * 64
+
+
+#: float32 lanes of the widest vector a ``rows`` tile loads (AVX-512): staged rows are
+#: sized for it, so a narrower fallback fits them too.
+STAGED_MAX_LANES = 16
+
+
+def staged_pitch(kernel: ConvKernel, positions: int) -> int:
+    """Floats per staged row of a ``rows`` convolution with ``positions``-wide tiles, a
+    multiple of ``STAGED_MAX_LANES``: the zero-bordered input row (W + pw), and every
+    float a row's last two tiles load, whole vectors of ``stride`` x lanes floats from
+    column ``ow0 * stride + tap``."""
+    (_kw, kw), (_sh, sw), (_dh, dw), ow = kernel.kernel_size, kernel.stride, kernel.dilation, kernel.out_hw[1]
+    lanes = STAGED_MAX_LANES
+    tiles = -(-ow // positions)
+    reach = 0
+    for tile in range(max(0, tiles - 2), tiles):
+        start, count = tile * positions, min(positions, ow - tile * positions)
+        reach = max(reach, (start + -(-count // lanes) * lanes) * sw + (kw - 1) * dw)
+    floats = max(kernel.x_shape[3] + kernel.padding[1], reach)
+    return -(-floats // lanes) * lanes
+
+
+def staged_bytes(kernel: ConvKernel, positions: int, block_dim: int) -> int:
+    """Workspace of a ``rows`` convolution: per thread, C_in x KH staged rows."""
+    floats = kernel.x_shape[1] * kernel.kernel_size[0] * staged_pitch(kernel, positions)
+    return block_dim * -(-(floats * 4) // 64) * 64
+
+
+#: ``rows`` only for images of up to this many channels (RGB stems). Measured at 1 thread
+#: (AVX-512) against the phase copy, warm caches: MobileNet's 3x3 stride-2 stem 0.93x
+#: (in the model, where its input and phases are cold, 322 -> 206 us), ResNet's 7x7 one
+#: 0.89x; 16 channels (3x3 s2 at 112x112) 1.09x and 64 (a 1x1 s2 downsample) 1.44x, where
+#: restaging each row per output row and the row tiles' idle lanes (28 columns: 32 lanes)
+#: cost more than the copy.
+ROWS_MAX_CHANNELS = 4
+
+
+def rows_allowed(kernel: ConvKernel) -> bool:
+    """Whether ``layout`` ``rows`` applies: a strided ``lanes`` convolution (``lanes_layout``)
+    of stride 1 or 2 along the row with at most ``ROWS_MAX_CHANNELS`` input channels. Not
+    a stride-1 one, whose copy only pads (ResNet's 3x3 stride-1 layers: 1.04-1.14x the
+    padded ``lanes`` form)."""
+    return (lanes_layout(kernel) == "lanes" and kernel.stride != (1, 1) and kernel.stride[1] in (1, 2)
+            and kernel.x_shape[1] <= ROWS_MAX_CHANNELS)
 
 
 def partial_bytes(kernel: ConvKernel, kc: int) -> int:
@@ -171,9 +226,15 @@ def lanes_layout(kernel: ConvKernel) -> str | None:
 
 
 def lanes_tiling(kernel: ConvKernel, block_dim: int, channels: int, positions: int,
-                 vector_bytes: int) -> ConvTiling:
+                 vector_bytes: int, staged: bool = False) -> ConvTiling:
     """The ``lanes`` (``pointwise``) tiling of ``channels`` x ``positions`` register tiles;
-    its workspace is the zero-bordered copy of one image, if the convolution pads."""
+    its workspace is the zero-bordered copy of one image, if the convolution pads. With
+    ``staged`` (where ``rows_allowed``): the ``rows`` layout, its workspace each thread's
+    staged rows."""
+    if staged:
+        return ConvTiling(block_dim=block_dim, mr=channels, mc=positions, kc=kernel.x_shape[1], layout="rows",
+                          workspace=staged_bytes(kernel, positions, block_dim), vector_bytes=vector_bytes,
+                          nr=positions)
     layout = lanes_layout(kernel)
     return ConvTiling(block_dim=block_dim, mr=channels, mc=positions, kc=kernel.x_shape[1], layout=layout,
                       workspace=image_region(kernel, layout), vector_bytes=vector_bytes, nr=positions)
@@ -185,9 +246,17 @@ def _lanes_options(kernel: ConvKernel, threads: int, device_limit: int, vector_b
     if lanes_layout(kernel) is None:
         return []
     (channels, positions), other = LANES_TILES[vector_bytes]
+    other_threads = device_limit if threads == 1 else 1
+    if rows_allowed(kernel):  # the staged rows first, the image copy's form after
+        options = [lanes_tiling(kernel, threads, channels, positions, vector_bytes, staged=True),
+                   lanes_tiling(kernel, threads, channels, positions, vector_bytes)]
+        if device_limit > 1:
+            options.append(lanes_tiling(kernel, other_threads, channels, positions, vector_bytes, staged=True))
+        options.append(lanes_tiling(kernel, threads, *other, vector_bytes, staged=True))
+        return options
     options = [lanes_tiling(kernel, threads, channels, positions, vector_bytes)]
     if device_limit > 1:
-        options.append(lanes_tiling(kernel, device_limit if threads == 1 else 1, channels, positions, vector_bytes))
+        options.append(lanes_tiling(kernel, other_threads, channels, positions, vector_bytes))
     options.append(lanes_tiling(kernel, threads, *other, vector_bytes))
     return options
 
@@ -262,7 +331,7 @@ def conv_epilogue_cpp(epilogue: str) -> str:
 
 def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling`` (``cpu_lanes_conv.cpp.j2`` for
-    the ``lanes`` and ``pointwise`` layouts, else ``cpu_conv.cpp.j2``)."""
+    the ``lanes``, ``pointwise`` and ``rows`` layouts, else ``cpu_conv.cpp.j2``)."""
     (n, c_in, h, w), (oh, ow) = kernel.x_shape, kernel.out_hw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
     shared = dict(  # what both templates take
@@ -274,10 +343,12 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
         optional_helpers=[])
     window = dict(oh=oh, ow=ow, kh=kh, kw=kw, ph=ph, pw=pw, dh=dh, dw=dw, workspace=tiling.workspace,
                   copy=tiling.copies(kernel))
-    if tiling.layout in ("lanes", "pointwise"):
+    if tiling.layout in ("lanes", "pointwise", "rows"):
         phase_rows, phase_cols, hq, wq = lanes_phases(kernel)
+        staged = tiling.layout == "rows"
         return render("cpu_lanes_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, strided=(sh, sw) != (1, 1),
-                      phase_rows=phase_rows, phase_cols=phase_cols, hq=hq, wq=wq, dense=wq == ow)
+                      phase_rows=phase_rows, phase_cols=phase_cols, hq=hq, wq=wq, dense=wq == ow, staged=staged,
+                      pitch=staged_pitch(kernel, tiling.nr) if staged else 0)
     return render("cpu_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, k=kernel.k, panels=kernel.panels,
                   mc=tiling.mc, kc=tiling.kc, padded_bytes=image_region(kernel, tiling.layout),
                   partial_bytes=partial_bytes(kernel, tiling.kc), nhwc=tiling.layout == "nhwc")
