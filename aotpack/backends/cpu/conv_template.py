@@ -138,7 +138,7 @@ def staged_pitch(kernel: ConvKernel, positions: int) -> int:
     multiple of ``STAGED_MAX_LANES``: the zero-bordered input row (W + pw), and every
     float a row's last two tiles load, whole vectors of ``stride`` x lanes floats from
     column ``ow0 * stride + tap``."""
-    (_kw, kw), (_sh, sw), (_dh, dw), ow = kernel.kernel_size, kernel.stride, kernel.dilation, kernel.out_hw[1]
+    kw, sw, dw, ow = kernel.kernel_size[1], kernel.stride[1], kernel.dilation[1], kernel.out_hw[1]
     lanes = STAGED_MAX_LANES
     tiles = -(-ow // positions)
     reach = 0
