@@ -215,6 +215,7 @@ def _bench_threads(name: str, variants: dict, inputs, reference, threads: int, a
     runs, runners = {}, {}
     for vname, variant in variants.items():
         try:
+            time.sleep(SETTLE_S)  # the previous variant's check run left its pool threads spinning
             start = time.perf_counter()
             runner = variant.load(threads)
             load_s = time.perf_counter() - start
@@ -288,7 +289,8 @@ def _method(args, threads: list[int]) -> list[str]:
         f"about {args.budget_s:.2f} s of calls (3..{args.max_calls}, from one timed call of that variant) after "
         "a warm-up of a fifth as many; median and p90 over all "
         "timed calls (Python wall time per call, input conversion included), with a "
-        f"{SETTLE_S * 1000:.0f} ms pause after each block so spinning thread pools park.",
+        f"{SETTLE_S * 1000:.0f} ms pause after each block so spinning thread pools park. Load time: one "
+        "load per variant and thread count, after the same pause (the table gives the first thread count's).",
         f"Outputs checked against eager PyTorch on the example inputs before timing: |out - eager| <= {ATOL} + "
         f"{RTOL} * |eager| elementwise; a variant that fails it (or fails to build) is reported, not timed.",
         "eager: torch.inference_mode. AOTInductor: torch.export + aoti_compile_and_package, fresh "
