@@ -82,12 +82,12 @@ bool same_strides(c10::IntArrayRef shape, c10::IntArrayRef got, c10::IntArrayRef
   return true;
 }
 
-// Alignment of a constant the kernels read in place: safetensors aligns data to 8 bytes
-// only, and a vector load of a GEMM weight panel that straddles two cache lines costs more
-// than one that does not (measured: samples/mlp.py with GEMM template winners, aotpack-run
-// at 2 threads, 1.17 -> 1.08 ms median). ATen allocates at this alignment too; an
-// unaligned constant is copied once at load.
-constexpr uintptr_t kConstantAlignment = 64;
+// Alignment of a constant the kernels read in place: a vector load of a GEMM weight panel
+// that straddles two cache lines costs more than one that does not (measured: samples/mlp.py
+// with GEMM template winners, aotpack-run at 2 threads, 1.17 -> 1.08 ms median). The writer
+// (aotpack/weights.py) starts every constant whose size is a multiple of it at such an
+// offset; an unaligned constant is copied once at load, into ATen's aligned memory.
+constexpr uintptr_t kConstantAlignment = AOTPACK_WEIGHTS_ALIGNMENT;
 
 // A tensor laid out exactly as `spec` says over row-major bytes inside `weights`: the
 // mapped bytes themselves when the layout is row-major and the address is 64-byte aligned
