@@ -59,7 +59,12 @@ def _safetensors_dtype(dtype: torch.dtype) -> str:
     import safetensors.torch
 
     if dtype not in _DTYPE_NAMES:
-        blob = safetensors.torch.save({"t": torch.empty(0, dtype=dtype)})
+        try:
+            blob = safetensors.torch.save({"t": torch.empty(0, dtype=dtype)})
+        except Exception:  # the library's own error type varies by version (KeyError here)
+            raise ValueError(f"a constant of dtype {dtype} cannot be stored in safetensors; "
+                             "cast it in the model to a dtype safetensors "
+                             "stores (float32, float16, bfloat16, integers, bool)") from None
         header = json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]])
         _DTYPE_NAMES[dtype] = header["t"]["dtype"]
     return _DTYPE_NAMES[dtype]
@@ -76,7 +81,7 @@ def aligned_safetensors(tensors: dict) -> bytes:
     The runtime maps ``weights/weights.safetensors`` and uses a constant's bytes without a
     copy only at a ``layout.WEIGHTS_ALIGNMENT``-byte (64: one cache line, as ATen aligns its
     allocations) address; the safetensors library aligns data to 8 bytes only, so every
-    constant of a model used to be copied at load (ResNet-18: 42 tensors, 50 MB). Here the
+    constant of a model used to be copied at load (ResNet-18: 42 tensors, 54 MB). Here the
     header is padded with spaces (the format allows it) so the data start at a multiple of
     64 bytes, and tensors whose size is a multiple of 64 bytes come first, each then also
     starting at one; the rest (biases and other small tensors) follow and may be copied.

@@ -73,3 +73,11 @@ def test_no_tensors_is_an_empty_but_valid_file():
     blob = aligned_safetensors({})
     assert safetensors.torch.load(blob) == {}
     assert _header(blob)[0] % ALIGN == 0
+
+
+def test_a_dtype_safetensors_cannot_store_is_a_clear_error():
+    with pytest.raises(ValueError) as raised:
+        aligned_safetensors({"x": torch.empty(2, dtype=torch.complex32)})
+    assert str(raised.value) == (
+        "a constant of dtype torch.complex32 cannot be stored in safetensors; cast it in the "
+        "model to a dtype safetensors stores (float32, float16, bfloat16, integers, bool)")
