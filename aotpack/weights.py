@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from aotpack import layout
+
 
 @dataclass(frozen=True)
 class WeightPlan:
@@ -46,7 +48,10 @@ class WeightPlan:
     @property
     def nbytes(self) -> int:
         """Bytes of tensor data stored (header excluded)."""
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+_DTYPE_NAMES: dict = {}  # torch dtype -> safetensors dtype name, filled as dtypes are met
 
 
 def _safetensors_dtype(dtype: torch.dtype) -> str:
@@ -70,13 +75,10 @@ def _safetensors_dtype(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
 
 
-_DTYPE_NAMES: dict = {}
-
-
 def aligned_safetensors(tensors: dict) -> bytes:
     """A safetensors file (8-byte little-endian header length, JSON header, then the tensor
-    data back to back: huggingface/safetensors' format) of ``tensors`` (name -> contiguous
-    tensor), laid out so the runtime can use the mapped file's bytes in place.
+    data back to back: huggingface/safetensors' format) of ``tensors`` (name -> tensor,
+    written in row-major order), laid out so the runtime can use the mapped file's bytes in place.
 
     The runtime maps ``weights/weights.safetensors`` and uses a constant's bytes without a
     copy only at a ``layout.WEIGHTS_ALIGNMENT``-byte (64: one cache line, as ATen aligns its
@@ -90,27 +92,19 @@ def aligned_safetensors(tensors: dict) -> bytes:
     Raises:
         ValueError: a dtype the safetensors library cannot store.
     """
-    from aotpack import layout
-
     align = layout.WEIGHTS_ALIGNMENT
-    names = list(tensors)
-    ordered = ([n for n in names if _nbytes(tensors[n]) % align == 0]
-               + [n for n in names if _nbytes(tensors[n]) % align != 0])
+    ordered = sorted(tensors, key=lambda name: tensors[name].nbytes % align != 0)  # stable
     header, offset = {}, 0
     for name in ordered:
         tensor = tensors[name]
         header[name] = {"dtype": _safetensors_dtype(tensor.dtype), "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + _nbytes(tensor)]}
-        offset += _nbytes(tensor)
+                        "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % align)
     parts = [struct.pack("<Q", len(text)), text]
-    parts += [_raw(tensors[name].contiguous()).numpy() for name in ordered if _nbytes(tensors[name])]
+    parts += [_raw(tensors[name].contiguous()).numpy() for name in ordered]
     return b"".join(parts)
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def _identity(tensor: torch.Tensor) -> tuple:
