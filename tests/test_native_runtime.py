@@ -10,6 +10,7 @@ Needs the native build (these tests fail, not skip, without it):
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.util
 import os
 import re
@@ -57,12 +58,15 @@ def fixture(tmp_path_factory):
     return fx.build_fixture(tmp_path_factory.mktemp("fixture"))
 
 
-def run_tool(*args, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
-    """aotpack-run with TMPDIR pointed at `tmpdir`, so a test can see what was left behind."""
+def run_tool(*args, tmpdir: Path | None = None, cache: Path | None = None) -> subprocess.CompletedProcess:
+    """aotpack-run with TMPDIR pointed at `tmpdir`, so a test can see what was left behind,
+    and with the extraction cache under `cache` ($XDG_CACHE_HOME) when given."""
     env = dict(os.environ)
     if tmpdir is not None:
         tmpdir.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmpdir)
+    if cache is not None:
+        env["XDG_CACHE_HOME"] = str(cache)
     return subprocess.run([str(require(RUN)), *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=120)
 
@@ -169,15 +173,50 @@ def test_usage_error():
 
 # ---- refused archives ----
 
-def test_tampered_model_refused(fixture, tmp_path):
+def run_damaged(archive: Path, fixture, tmp_path: Path) -> subprocess.CompletedProcess:
+    """aotpack-run on an archive whose manifest is the good one's but whose files are not,
+    with a fresh extraction cache: the files are read (a cache entry for the good
+    manifest would be used instead, see test_cache_entry_is_named_by_its_manifest).
+    Checks that nothing was published to the cache or left in its temp folder."""
+    cache = tmp_path / "xdg"
+    result = run_tool(archive, fixture["x"], tmpdir=tmp_path / "tmp", cache=cache)
+    assert sorted(os.listdir(cache / "aotpack" / "runtime")) == ["tmp"]
+    assert os.listdir(cache / "aotpack" / "runtime" / "tmp") == []
+    assert list((tmp_path / "tmp").iterdir()) == []
+    return result
+
+
+def tampered_model(fixture, tmp_path: Path) -> Path:
+    """The good archive with one byte of model.so flipped; its manifest is unchanged."""
     files = dict(fixture["files"])
     so = bytearray(files[layout.MODEL_LIBRARY_PATH])
     so[len(so) // 2] ^= 0xFF
     files[layout.MODEL_LIBRARY_PATH] = bytes(so)
-    archive = variant(fixture, tmp_path, files=files, manifest_files=fixture["files"])
-    result = run_tool(archive, fixture["x"], tmpdir=tmp_path / "tmp")
+    return variant(fixture, tmp_path, files=files, manifest_files=fixture["files"])
+
+
+def test_tampered_model_refused(fixture, tmp_path):
+    result = run_damaged(tampered_model(fixture, tmp_path), fixture, tmp_path)
     assert_refused(result, f"sha256 mismatch for '{layout.MODEL_LIBRARY_PATH}'")
-    assert list((tmp_path / "tmp").iterdir()) == []  # nothing was extracted
+
+
+def test_cache_entry_is_named_by_its_manifest(fixture, tmp_path):
+    """A cache entry holds files checked against its manifest's sha256 when extracted, and
+    a load reads only an archive's manifest entries when their entry exists: a damaged
+    copy of a cached archive runs the verified files, never its own."""
+    cache = tmp_path / "xdg"
+    good = tmp_path / "good.npz"
+    assert run_tool(fixture["archive"], fixture["x"], "--output", good, cache=cache).returncode == 0
+    [entry] = [p for p in (cache / "aotpack" / "runtime").iterdir() if p.name != "tmp"]
+    assert entry.name == hashlib.sha256((entry / layout.MANIFEST_PATH).read_bytes()).hexdigest()
+    tampered = tampered_model(fixture, tmp_path)
+    out = tmp_path / "out.npz"
+    result = run_tool(tampered, fixture["x"], "--output", out, cache=cache)
+    assert result.returncode == 0, result.stderr
+    with np.load(good) as expected, np.load(out) as outputs:
+        np.testing.assert_array_equal(outputs["y"], expected["y"])
+    assert_refused(run_tool(tampered, fixture["x"], cache=tmp_path / "fresh"),
+                   f"sha256 mismatch for '{layout.MODEL_LIBRARY_PATH}'")
 
 
 def _member(name: str, kind: bytes, **fields) -> tarfile.TarInfo:
@@ -199,22 +238,20 @@ def _member(name: str, kind: bytes, **fields) -> tarfile.TarInfo:
 ], ids=["dotdot", "nested-dotdot", "absolute", "symlink", "hardlink", "device", "fifo"])
 def test_unsafe_entry_refused(fixture, tmp_path, member, needle):
     archive = variant(fixture, tmp_path, extra_members=[member])
-    result = run_tool(archive, fixture["x"], tmpdir=tmp_path / "tmp")
-    assert_refused(result, needle)
+    assert_refused(run_damaged(archive, fixture, tmp_path), needle)
     assert not (tmp_path / "evil").exists()
-    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_unlisted_entry_refused(fixture, tmp_path):
     files = dict(fixture["files"], **{"extra.txt": b"surprise"})
     archive = variant(fixture, tmp_path, files=files, manifest_files=fixture["files"])
-    assert_refused(run_tool(archive, fixture["x"]), "entry 'extra.txt' is not listed")
+    assert_refused(run_damaged(archive, fixture, tmp_path), "entry 'extra.txt' is not listed")
 
 
 def test_missing_file_refused(fixture, tmp_path):
     files = {k: v for k, v in fixture["files"].items() if k != layout.MODEL_SOURCE_PATH}
     archive = variant(fixture, tmp_path, files=files, manifest_files=fixture["files"])
-    assert_refused(run_tool(archive, fixture["x"]),
+    assert_refused(run_damaged(archive, fixture, tmp_path),
                    f"file '{layout.MODEL_SOURCE_PATH}' listed in {layout.MANIFEST_PATH} is missing")
 
 

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <vector>
 
-#include "sha256.h"
 #include "util.h"
 
 namespace aotpack::detail {
@@ -47,10 +46,9 @@ ssize_t read_fd(int fd, void* buffer, size_t size) {
 
 }  // namespace
 
-// The file descriptor libarchive reads through; every byte it hands out is hashed.
+// The file descriptor libarchive reads through, in fixed blocks.
 struct ArchiveReader::Source {
   int fd = -1;
-  Sha256 hash;
   std::vector<char> block = std::vector<char>(kBlock);
   ~Source() {
     if (fd >= 0) ::close(fd);
@@ -62,7 +60,6 @@ struct ArchiveReader::Source {
       archive_set_error(a, errno, "%s", std::strerror(errno));
       return -1;
     }
-    source->hash.update(source->block.data(), static_cast<size_t>(n));
     *out = source->block.data();
     return n;
   }
@@ -138,17 +135,6 @@ std::string ArchiveReader::read_small(const EntryHeader& header, uint64_t max_by
   return data;
 }
 
-std::string ArchiveReader::file_sha256() {
-  std::vector<char>& block = source_->block;
-  for (;;) {
-    ssize_t n = read_fd(source_->fd, block.data(), block.size());
-    if (n < 0) fail(std::string("cannot read the archive: ") + std::strerror(errno));
-    if (n == 0) break;
-    source_->hash.update(block.data(), static_cast<size_t>(n));
-  }
-  return source_->hash.hex();
-}
-
 void check_entry_path(const std::string& path) {
   if (path.empty()) fail("entry with an empty path");
   if (path.size() > 4096) fail("entry with a path longer than 4096 bytes");
@@ -165,30 +151,6 @@ void check_entry_path(const std::string& path) {
     if (part.empty() || part == ".") fail("entry '" + path + "' is not a normalised relative path");
     start = end + 1;
   }
-}
-
-std::string file_sha256(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(std::strerror(errno));
-  struct stat st{};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("not a regular file");
-  }
-  Sha256 hash;
-  std::vector<char> block(kBlock);
-  for (;;) {
-    ssize_t n = read_fd(fd, block.data(), block.size());
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      fail("cannot read '" + path + "': " + std::strerror(err));
-    }
-    if (n == 0) break;
-    hash.update(block.data(), static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return hash.hex();
 }
 
 }  // namespace aotpack::detail

@@ -1,7 +1,6 @@
 // Streaming reader of a .aotpack archive (one zstd-compressed tar): entry headers one at a
-// time, entry data in caller-sized chunks, never a whole entry in memory. Also hashes the
-// raw (compressed) bytes it reads, so the caller can tie what it extracted to the archive's
-// sha256.
+// time, entry data in caller-sized chunks, never a whole entry in memory; it reads the file
+// only as far as the entries asked for (the manifest entries come first).
 #pragma once
 
 #include <cstdint>
@@ -39,10 +38,6 @@ class ArchiveReader {
   /// size before reading). Throws naming `what`.
   std::string read_small(const EntryHeader& header, uint64_t max_bytes, const std::string& what);
 
-  /// sha256 of the archive file's bytes: reads whatever libarchive left unread. Call once,
-  /// after next() returned false.
-  std::string file_sha256();
-
  private:
   struct Source;
   std::unique_ptr<Source> source_;
@@ -54,9 +49,5 @@ class ArchiveReader {
 /// absolute, no "..", "." or empty components, only printable ASCII other than space and
 /// backslash.
 void check_entry_path(const std::string& path);
-
-/// sha256 of a whole regular file, read in fixed chunks. Throws aotpack::Error (the
-/// system's message, or "not a regular file"; callers name the file).
-std::string file_sha256(const std::string& path);
 
 }  // namespace aotpack::detail

@@ -96,51 +96,46 @@ Manifest check_manifest_entries(const std::string& manifest_text, const std::str
   return manifest;
 }
 
-VerifiedArchive extract_archive(const std::string& archive_path, const Limits& limits,
-                                const std::vector<std::string>& trusted_keys,
-                                const std::function<std::string(const Manifest&)>& destination,
-                                const std::string& expected_sha256) {
-  ArchiveReader reader(archive_path);
-  uint64_t seen = 0;
-  EntryHeader header = expect_entry(reader, kManifestPath, &seen, limits);
-  const std::string text = reader.read_small(header, limits.max_manifest_bytes, kManifestPath);
-  header = expect_entry(reader, kManifestDigestPath, &seen, limits);
-  const std::string digest = reader.read_small(header, 65, kManifestDigestPath);
-
-  VerifiedArchive out;
-  bool have_entry = next_file(reader, &header, &seen, limits);
-  if (have_entry && header.path == kManifestSignaturePath) {
-    out.signature = reader.read_small(header, 64, kManifestSignaturePath);
-    have_entry = next_file(reader, &header, &seen, limits);
+VerifiedArchive::VerifiedArchive(const std::string& archive_path, const Limits& limits,
+                                 const std::vector<std::string>& trusted_keys)
+    : reader_(archive_path), limits_(limits) {
+  EntryHeader header = expect_entry(reader_, kManifestPath, &seen_, limits_);
+  text_ = reader_.read_small(header, limits_.max_manifest_bytes, kManifestPath);
+  header = expect_entry(reader_, kManifestDigestPath, &seen_, limits_);
+  digest_ = reader_.read_small(header, 65, kManifestDigestPath);
+  have_next_ = next_file(reader_, &next_, &seen_, limits_);
+  if (have_next_ && next_.path == kManifestSignaturePath) {
+    signature_ = reader_.read_small(next_, 64, kManifestSignaturePath);
+    have_next_ = next_file(reader_, &next_, &seen_, limits_);
   }
-  out.manifest = check_manifest_entries(text, digest, out.signature, trusted_keys, limits);
+  manifest_ = check_manifest_entries(text_, digest_, signature_, trusted_keys, limits_);
+  manifest_sha256_ = digest_.substr(0, digest_.size() - 1);  // checked: hex + '\n'
+}
 
-  // Only now is anything written.
-  const std::string root = destination(out.manifest);
+void VerifiedArchive::extract_to(const std::string& root) {
+  if (extracted_) fail("internal error: an archive was extracted twice");
+  extracted_ = true;
   std::unordered_set<std::string> written;
   std::vector<char> chunk(kChunk);
-  for (; have_entry; have_entry = next_file(reader, &header, &seen, limits)) {
+  EntryHeader& header = next_;
+  for (; have_next_; have_next_ = next_file(reader_, &header, &seen_, limits_)) {
     if (is_manifest_entry(header.path))
       fail("entry '" + header.path + "' appears twice or out of place");
-    auto it = out.manifest.files.find(header.path);
-    if (it == out.manifest.files.end())
+    auto it = manifest_.files.find(header.path);
+    if (it == manifest_.files.end())
       fail("entry '" + header.path + "' is not listed in manifest.json 'files'");
     if (written.count(header.path)) fail("entry '" + header.path + "' appears twice");
     if (header.size != it->second.size)
       fail("entry '" + header.path + "' is " + std::to_string(header.size) +
            " bytes, manifest.json says " + std::to_string(it->second.size));
-    if (stream_entry(reader, header, root, chunk) != it->second.sha256)
+    if (stream_entry(reader_, header, root, chunk) != it->second.sha256)
       fail("sha256 mismatch for '" + header.path + "' (the archive is corrupt or was modified)");
     written.insert(header.path);
   }
-  report_missing(out.manifest, written);
-  out.archive_sha256 = reader.file_sha256();
-  if (!expected_sha256.empty() && out.archive_sha256 != expected_sha256)
-    fail("the archive changed while it was being read");
-  // The manifest entries are kept beside the files (the cache re-checks them).
-  for (const auto& [path, data] : {std::pair<const char*, const std::string*>{kManifestPath, &text},
-                                   {kManifestDigestPath, &digest},
-                                   {kManifestSignaturePath, &out.signature}}) {
+  report_missing(manifest_, written);
+  for (const auto& [path, data] : {std::pair<const char*, const std::string*>{kManifestPath, &text_},
+                                   {kManifestDigestPath, &digest_},
+                                   {kManifestSignaturePath, &signature_}}) {
     if (path == kManifestSignaturePath && data->empty()) continue;
     const int fd = create_new_file(root, path, 0644);
     try {
@@ -149,9 +144,8 @@ VerifiedArchive extract_archive(const std::string& archive_path, const Limits& l
       ::close(fd);
       throw;
     }
-    ::close(fd);
+    if (::close(fd) != 0) fail("cannot write '" + root + "/" + path + "'");
   }
-  return out;
 }
 
 void check_shared_objects(const Manifest& manifest, const std::string& root) {

@@ -6,16 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "archive.h"
 #include "limits.h"
 #include "manifest.h"
 
 namespace aotpack::detail {
-
-struct VerifiedArchive {
-  Manifest manifest;
-  std::string signature;       // manifest.sig (64 bytes), empty when unsigned
-  std::string archive_sha256;  // of the archive file as read
-};
 
 /// Checks the manifest entries of an archive: `digest` (manifest.sha256) is the hex sha256
 /// of `manifest_text` plus '\n'; with `trusted_keys`, `signature` must be a valid
@@ -26,18 +21,39 @@ Manifest check_manifest_entries(const std::string& manifest_text, const std::str
                                 const std::vector<std::string>& trusted_keys,
                                 const Limits& limits);
 
-/// Reads `archive_path`: the manifest entries (check_manifest_entries: nothing is written
-/// before they pass), then `destination(manifest)` is called once for the folder to write
-/// to (it may throw to refuse the manifest), and
-/// every file is streamed there while hashed; its header size must equal the manifest's
-/// before a byte is written, its sha256 must match at the end, no file may be missing,
-/// unlisted or repeated. When `expected_sha256` is not empty the archive file must hash to
-/// it (it did not change while read). Throws aotpack::Error; files already written stay
-/// (the caller removes the folder).
-VerifiedArchive extract_archive(const std::string& archive_path, const Limits& limits,
-                                const std::vector<std::string>& trusted_keys,
-                                const std::function<std::string(const Manifest&)>& destination,
-                                const std::string& expected_sha256 = "");
+/// An archive being read for extraction. The constructor reads and checks its manifest
+/// entries (check_manifest_entries; nothing is written before they pass); extract_to()
+/// then streams every file, while hashing it, to a folder. Throws aotpack::Error.
+class VerifiedArchive {
+ public:
+  VerifiedArchive(const std::string& archive_path, const Limits& limits,
+                  const std::vector<std::string>& trusted_keys);
+  VerifiedArchive(const VerifiedArchive&) = delete;
+  VerifiedArchive& operator=(const VerifiedArchive&) = delete;
+
+  const Manifest& manifest() const { return manifest_; }
+  /// Hex sha256 of manifest.json, checked against manifest.sha256: it names every file's
+  /// sha256 and size, so it identifies the archive's whole contents.
+  const std::string& manifest_sha256() const { return manifest_sha256_; }
+
+  /// Streams every file into `root` (an existing folder). A file's header size must equal
+  /// the manifest's before a byte is written, its sha256 must match at the end; no file
+  /// may be missing, unlisted or repeated. Then writes the manifest entries beside them
+  /// (a reused cache entry is re-checked against them). Call once. Throws aotpack::Error;
+  /// files already written stay (the caller removes the folder).
+  void extract_to(const std::string& root);
+
+ private:
+  ArchiveReader reader_;
+  Limits limits_;
+  uint64_t seen_ = 0;      // entries read so far (limits.max_entries)
+  EntryHeader next_;       // the first entry after the manifest entries
+  bool have_next_ = false;
+  std::string text_, digest_, signature_;
+  Manifest manifest_;
+  std::string manifest_sha256_;
+  bool extracted_ = false;
+};
 
 /// Checks every listed `.so` file under `root` with check_elf. Throws aotpack::Error.
 void check_shared_objects(const Manifest& manifest, const std::string& root);

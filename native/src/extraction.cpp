@@ -17,7 +17,6 @@
 #include <unordered_set>
 
 #include "archive.h"
-#include "sha256.h"
 #include "tempdir.h"
 #include "util.h"
 
@@ -25,7 +24,7 @@ namespace aotpack::detail {
 namespace {
 
 constexpr char kMarker[] = ".aotpack-complete";
-constexpr char kMarkerVersion[] = "aotpack-runtime-cache 1";
+constexpr char kMarkerVersion[] = "aotpack-runtime-cache 2";
 constexpr time_t kOrphanAgeSeconds = 600;
 
 // ---- which cache entries this process has loaded (a second load gets a private copy) ----
@@ -87,9 +86,8 @@ void write_small_file(const std::string& root, const std::string& name, const st
   if (::close(fd) != 0) fail("cannot write '" + root + "/" + name + "'");
 }
 
-std::string marker_text(const std::string& archive_sha256, const std::string& manifest_text) {
-  return std::string(kMarkerVersion) + "\narchive " + archive_sha256 + "\nmanifest " +
-         sha256_hex(manifest_text) + "\n";
+std::string marker_text(const std::string& manifest_sha256) {
+  return std::string(kMarkerVersion) + "\nmanifest " + manifest_sha256 + "\n";
 }
 
 void remove_tree(const std::string& path) noexcept {
@@ -99,36 +97,33 @@ void remove_tree(const std::string& path) noexcept {
 
 // ---- validating an existing entry ----
 
-// The entry's manifest when everything checks out; throws aotpack::Error otherwise.
-Manifest check_entry(const std::string& entry, const std::string& archive_sha256,
-                     const Limits& limits, const std::vector<std::string>& trusted_keys) {
-  std::string text, digest, signature, marker;
+// Throws aotpack::Error unless `entry` holds exactly the files of `archive`'s (verified)
+// manifest: its marker and manifest.json name that manifest, every listed file has the
+// listed size, every .so passes check_elf. The files' sha256 were checked when the entry
+// was extracted; the cache folder is private to the user (0700).
+void check_entry(const std::string& entry, const VerifiedArchive& archive, const Limits& limits) {
+  std::string text, marker;
   if (!read_small_file(entry + "/" + kMarker, 4096, &marker))
     fail("cache entry '" + entry + "' is incomplete");
+  if (marker != marker_text(archive.manifest_sha256())) fail("cache entry '" + entry + "' is stale");
   if (!read_small_file(entry + "/" + kManifestPath, limits.max_manifest_bytes, &text) ||
-      !read_small_file(entry + "/" + kManifestDigestPath, 65, &digest))
+      text != archive.manifest().text)
     fail("cache entry '" + entry + "' lacks its manifest");
-  read_small_file(entry + "/" + kManifestSignaturePath, 64, &signature);
-  if (marker != marker_text(archive_sha256, text)) fail("cache entry '" + entry + "' is stale");
-  Manifest manifest = check_manifest_entries(text, digest, signature, trusted_keys, limits);
-  for (const auto& [path, record] : manifest.files) {
+  for (const auto& [path, record] : archive.manifest().files) {
     struct stat st{};
     const std::string full = entry + "/" + path;
     if (lstat(full.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
         static_cast<uint64_t>(st.st_size) != record.size)
       fail("cache entry file '" + full + "' is missing or changed");
   }
-  check_shared_objects(manifest, entry);
-  return manifest;
+  check_shared_objects(archive.manifest(), entry);
 }
 
-bool entry_is_valid(const std::string& entry, const std::string& archive_sha256,
-                    const Limits& limits, const std::vector<std::string>& trusted_keys,
-                    Manifest* manifest) {
+bool entry_is_valid(const std::string& entry, const VerifiedArchive& archive, const Limits& limits) {
   struct stat st{};
   if (lstat(entry.c_str(), &st) != 0) return false;
   try {
-    *manifest = check_entry(entry, archive_sha256, limits, trusted_keys);
+    check_entry(entry, archive, limits);
     return true;
   } catch (const std::exception&) {
     return false;
@@ -241,46 +236,41 @@ Extraction Extraction::open(const std::string& archive_path, const Limits& limit
                             const std::vector<std::string>& trusted_keys,
                             const std::function<void(const Manifest&)>& check,
                             Manifest* manifest) {
-  const std::string archive_sha256 = file_sha256(archive_path);
+  // Only the manifest entries are read unless the files must be extracted: the entry is
+  // named by the manifest's sha256, which pins every file's sha256 and size.
+  VerifiedArchive archive(archive_path, limits, trusted_keys);
+  check(archive.manifest());
+  *manifest = archive.manifest();
   std::string root = cache_root();
   if (!root.empty() && !make_dirs(root + "/tmp")) root.clear();  // read-only home: no cache
   const std::string tmp_root = root.empty() ? "" : root + "/tmp";
   if (!root.empty()) clean_orphans(tmp_root);
-  const std::string entry = root.empty() ? "" : root + "/" + archive_sha256;
+  const std::string entry = root.empty() ? "" : root + "/" + archive.manifest_sha256();
   const bool claimed = !entry.empty() && claim(entry);
 
   Extraction shared;
   if (claimed) {
     shared.path_ = entry;
     shared.shared_ = true;  // from here on, destroying `shared` releases the claim
-    if (entry_is_valid(entry, archive_sha256, limits, trusted_keys, manifest)) {
-      check(*manifest);
-      return shared;
-    }
+    if (entry_is_valid(entry, archive, limits)) return shared;
   }
   Extraction fresh;
-  auto make_folder = [&](const Manifest& parsed) {
-    check(parsed);
-    PrivateFolder folder = make_private_folder(tmp_root);
-    fresh.path_ = folder.path;
-    fresh.lock_path_ = folder.lock_path;
-    fresh.lock_fd_ = folder.lock_fd;
-    return fresh.path_;
-  };
-  VerifiedArchive verified =
-      extract_archive(archive_path, limits, trusted_keys, make_folder, archive_sha256);
-  check_shared_objects(verified.manifest, fresh.path_);
-  *manifest = verified.manifest;
+  PrivateFolder folder = make_private_folder(tmp_root);
+  fresh.path_ = folder.path;
+  fresh.lock_path_ = folder.lock_path;
+  fresh.lock_fd_ = folder.lock_fd;
+  archive.extract_to(fresh.path_);
+  check_shared_objects(archive.manifest(), fresh.path_);
   if (!claimed) return fresh;  // no cache, or this process already uses the entry
-  write_small_file(fresh.path_, kMarker, marker_text(archive_sha256, verified.manifest.text));
+  write_small_file(fresh.path_, kMarker, marker_text(archive.manifest_sha256()));
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (rename(fresh.path_.c_str(), entry.c_str()) == 0) {
       fresh.path_.clear();  // moved: releasing `fresh` now only drops its lock
       return shared;
     }
     if (errno != EEXIST && errno != ENOTEMPTY) break;
-    Manifest theirs;  // another process published it meanwhile
-    if (entry_is_valid(entry, archive_sha256, limits, trusted_keys, &theirs)) return shared;
+    // another process published it meanwhile
+    if (entry_is_valid(entry, archive, limits)) return shared;
     PrivateFolder aside = make_private_folder(tmp_root);  // a stale entry: move it out of the way
     const bool moved = rename(entry.c_str(), aside.path.c_str()) == 0;
     remove_tree(aside.path);

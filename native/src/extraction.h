@@ -1,5 +1,5 @@
 // Where a verified archive lives on disk while a model uses it: an entry of the extraction
-// cache ($XDG_CACHE_HOME/aotpack/runtime/<archive sha256>/, docs/archive.md "Extraction
+// cache ($XDG_CACHE_HOME/aotpack/runtime/<manifest sha256>/, docs/archive.md "Extraction
 // cache"), or a private folder when the cache is off or the entry is already in use in this
 // process (a library loaded twice from one path would share its globals).
 #pragma once
@@ -14,11 +14,12 @@ namespace aotpack::detail {
 
 class Extraction {
  public:
-  /// Verifies `archive_path` and returns its extracted files, reusing a complete cache
-  /// entry (re-checked: completion marker, manifest digest, signature with `trusted_keys`,
-  /// file sizes, ELF headers) or extracting anew. Every .so has passed check_elf.
-  /// `check(manifest)` runs before any file is written (or on the reused entry) and may
-  /// throw to refuse it. `manifest` receives the parsed manifest. Throws aotpack::Error;
+  /// Verifies `archive_path`'s manifest entries (digest, signature with `trusted_keys`,
+  /// limits) and returns its files: a complete cache entry for that manifest (re-checked:
+  /// completion marker, manifest bytes, file sizes, ELF headers; only the archive's first
+  /// entries are read) or a new extraction, every file checked against the manifest's
+  /// sha256. Every .so has passed check_elf. `check(manifest)` runs before any file is
+  /// written or reused and may throw to refuse it. `manifest` receives the parsed manifest. Throws aotpack::Error;
   /// nothing is left behind on error.
   static Extraction open(const std::string& archive_path, const Limits& limits,
                          const std::vector<std::string>& trusted_keys,
