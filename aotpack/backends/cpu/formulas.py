@@ -110,10 +110,10 @@ def literal(value, ctype: str) -> str:
         return f"static_cast<{ctype}>({'true' if value else 'false'})"
     if isinstance(value, float):
         if math.isnan(value):
-            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+            return f"ap::limits<{ctype}>::quiet_NaN()"
         if math.isinf(value):
             sign = "-" if value < 0 else ""
-            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+            return f"{sign}ap::limits<{ctype}>::infinity()"
         return f"static_cast<{ctype}>({value!r})"
     return f"static_cast<{ctype}>({int(value)}LL)"
 

@@ -65,7 +65,7 @@ def _result(red: Reduce, acc: str, nan: str | None) -> str:
     ctype = C_TYPES[red.dtype]
     result = f"static_cast<{ctype}>({acc} * {red.scale!r})" if red.scale != 1.0 else f"static_cast<{ctype}>({acc})"
     if nan:
-        result = f"({nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {result})"
+        result = f"({nan} ? ap::limits<{ctype}>::quiet_NaN() : {result})"
     return result
 
 

@@ -55,8 +55,8 @@ def _accumulator(kind: str, dtype) -> tuple[str, str]:
         return ("double" if dtype.is_floating_point else ctype), ("0" if kind == "sum" else "1")
     if dtype.is_floating_point:
         sign = "-" if kind == "max" else ""
-        return ctype, f"{sign}std::numeric_limits<{ctype}>::infinity()"
-    return ctype, f"std::numeric_limits<{ctype}>::{'lowest' if kind == 'max' else 'max'}()"
+        return ctype, f"{sign}ap::limits<{ctype}>::infinity()"
+    return ctype, f"ap::limits<{ctype}>::{'lowest' if kind == 'max' else 'max'}()"
 
 
 #: The formula of an ``exp`` whose argument is known <= 0 (``exp_of_nonpositive``).
@@ -115,7 +115,7 @@ def chunk_max_lines(ctype: str, acc_type: str, chunk: int, size: int, block_line
     (the element) inside the chunk loop. Used by the online (``online=1``) and
     stored-exp (``softmax_store``) forms."""
     lines = [f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
-             f"  {ctype} cm = -std::numeric_limits<{ctype}>::infinity();", "  int cnan = 0;",
+             f"  {ctype} cm = -ap::limits<{ctype}>::infinity();", "  int cnan = 0;",
              f"  #pragma omp simd reduction(max:cm) reduction(|:cnan){SIMDLEN_MARK}",
              "  for (int64_t j = jc; j < jc_end; ++j) {"]
     lines += ["    " + line for line in block_lines]
@@ -286,7 +286,7 @@ class KernelWriter:
         self.depends_on_j.add(running)
         value_sum = self.value(total.source)
         self.stack = saved
-        inf = f"std::numeric_limits<{ctype}>::infinity()"
+        inf = f"ap::limits<{ctype}>::infinity()"
         size, chunk = total.size, min(total.size, ONLINE_CHUNK)
         lines = [f"{ctype} {running} = -{inf};", f"{acc_type} os{number} = 0;", f"int onan{number} = 0;",
                  f"for (int64_t jc = 0; jc < {size}; jc += {chunk}) {{"]
@@ -298,7 +298,7 @@ class KernelWriter:
                   "  for (int64_t j = jc; j < jc_end; ++j) {"]
         lines += ["    " + line for line in block_sum.lines]
         lines += [f"    cs = cs + static_cast<{acc_type}>({value_sum});", "  }", f"  os{number} += cs;", "}"]
-        nan = f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        nan = f"ap::limits<{ctype}>::quiet_NaN()"
         lines += [f"const {ctype} red{number} = onan{number} ? {nan} : {running};",
                   f"const {ctype} red{number + 1} = onan{number} ? {nan} : static_cast<{ctype}>(os{number});"]
         self.row_lines.extend(lines)
@@ -332,7 +332,7 @@ class KernelWriter:
             scale = repr(red.scale) if math.isfinite(red.scale) else literal(red.scale, "double")
             result = f"static_cast<{ctype}>({acc} * {scale})"
         if tracks_nan:
-            result = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {result}"
+            result = f"{nan} ? ap::limits<{ctype}>::quiet_NaN() : {result}"
         lines.append(f"const {ctype} red{number} = {result};")
         return lines
 

@@ -91,8 +91,8 @@ def build_body(kernel: FusedKernel, stream: bool = False) -> KernelBody:
     ctx.depends_on_j.add("om")
     value_exp = ctx.value(total.source)
     chunk_type = "float" if maximum.dtype == torch.float32 else acc_type
-    inf = f"std::numeric_limits<{ctype}>::infinity()"
-    nan = f"std::numeric_limits<{ctype}>::quiet_NaN()"
+    inf = f"ap::limits<{ctype}>::infinity()"
+    nan = f"ap::limits<{ctype}>::quiet_NaN()"
     out = f"{ROW_BUFFER}[j]" if stream else f"out0[r * {size} + j]"
     head = [f"alignas(64) float {ROW_BUFFER}[{size}];"] if stream else []
     args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
