@@ -234,16 +234,13 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
                 "device_limit": settings.device_limit}
         source = codegen.generate(graph, backend, sets, choices, meta)
-        # model.so (the longest compile) runs beside the shipped wrappers and the eager check,
-        # unless compiles run one at a time (AOTPACK_COMPILE_THREADS=1)
-        with progress.phase("compile_wrappers_and_model_so",
-                            f"compiling the shipped wrappers and {layout.MODEL_LIBRARY_PATH}"), \
+        # model.so compiles beside the eager check, unless compiles run one at a time
+        # (AOTPACK_COMPILE_THREADS=1)
+        with progress.phase("compile_model_so", f"compiling {layout.MODEL_LIBRARY_PATH}"), \
                 tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work, \
                 ThreadPoolExecutor(max_workers=1) as background:
             beside = settings.compile_threads > 1
             model_so = background.submit(backend.compile_model, source, Path(work), settings) if beside else None
-            shipped = compile_stage.ship_wrappers(compiled, {k: c.index for k, c in choices.items()}, backend,
-                                                  toolchain, store, settings)
             reference, output_names = _eager_reference(model_file)
             check = _check_parity(model_file, outputs, reference, allow_mismatch)
             library = model_so.result()[0] if beside else backend.compile_model(source, Path(work), settings)[0]
@@ -252,7 +249,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     seconds = progress.seconds
     stored = weights.plan(graph)  # each tied or repeated weight once, the rest as aliases
     files[layout.WEIGHTS_PATH] = stored.safetensors_bytes()
-    files.update(_kernel_files(compiled, choices, shipped))
+    files.update(_kernel_files(compiled, choices, compile_stage.shipped_wrappers(compiled)))
     if selftest:
         files.update(verify.selftest_files(model_file.example_inputs, reference, output_names))
     manifest = package.manifest(

@@ -238,10 +238,6 @@ class KernelFolder:
         """Source of the PGO wrapper."""
         return self.path / "wrapper.cpp"
 
-    def shipped_wrapper(self, source: str) -> Path:
-        """``ship/<source hash>/wrapper.so``: the wrapper that goes into the archive."""
-        return self.path / "ship" / digest(source, length=16) / "wrapper.so"
-
     @property
     def optimize_tiling(self) -> Path:
         """``tiling_repr|workspace|block_dim`` of the winner."""

@@ -4,7 +4,8 @@ import logging
 from aotpack.backends.cpu.toolchain import CpuToolchain
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack.package import read_manifest
+from aotpack import layout
+from aotpack.package import read_manifest, read_members
 from conftest import MODELS, SAMPLES
 
 
@@ -94,20 +95,35 @@ def test_untaken_branch_is_not_cached_as_tuned(tmp_path, caplog):
     assert "native runtime vs eager PyTorch: max abs error" in caplog.text
 
 
-def test_tiny_kernels_compile_only_their_default_and_ship_the_pgo_wrapper(tmp_path):
+def test_tiny_kernels_compile_only_their_default(tmp_path):
     """mobilenet_block.py's kernels (13x13 images) are all tiny: at the default bound each
-    compiles one candidate, and its PGO wrapper (that one candidate's TilingInfo) is shipped
-    as is, with no ship/ compile. At the suite's bound (0) each gets its TopN."""
-    cache = tmp_path / "cache"
-    settings = Settings.from_env(topn=3, cache_dir=cache, tiny_kernel_us="10")
+    compiles one candidate. At the suite's bound (0) each gets its TopN."""
+    settings = Settings.from_env(topn=3, cache_dir=tmp_path / "cache", tiny_kernel_us="10")
     result = build(MODELS / "mobilenet_block.py", tmp_path / "out", settings=settings)
     kernels = read_manifest(result.archive)["kernels"]
     assert all(k["candidates"] == 1 and k["timings_us"] == [] for k in kernels)  # one candidate: nothing to time
-    assert not list((cache / "cpu").glob("*/*/ship"))
     full = build(MODELS / "mobilenet_block.py", tmp_path / "full",
                  settings=Settings.from_env(topn=3, cache_dir=tmp_path / "c2"))
     assert all(k["candidates"] == 3 for k in read_manifest(full.archive)["kernels"])  # the suite's bound is 0
-    assert len(list((tmp_path / "c2" / "cpu").glob("*/*/ship/*/wrapper.so"))) == len(kernels)
+
+
+def test_archive_ships_the_pgo_wrapper_of_every_kernel(tmp_path):
+    """The wrapper PGO launched through is the archive's wrapper, byte for byte: it lists
+    every candidate's TilingInfo, the archive holds the winner's kernel.so only, and the
+    build compiles no second wrapper."""
+    cache = tmp_path / "cache"
+    result = build(MODELS / "mobilenet_block.py", tmp_path / "out",
+                   settings=Settings.from_env(topn=3, cache_dir=cache))
+    members = read_members(result.archive)
+    for k in read_manifest(result.archive)["kernels"]:
+        pgo = [w.read_bytes() for w in cache.glob("cpu/*/*/wrapper.so")
+               if (w.parent / "static_kernel" / k["kernel_key"]).is_dir()]
+        assert members[layout.wrapper_path(k["name"])] in pgo
+        source = members[layout.wrapper_source_path(k["name"])].decode()
+        assert len(k["candidate_tilings"]) == 3 and all(f'"{t}"' in source for t in k["candidate_tilings"])
+        assert sorted(p for p in members if p.startswith(f"kernels/{k['name']}/static_kernel/")) == sorted([
+            k["lib_kernel"], layout.lib_kernel_source_path(k["name"], k["kernel_key"])])
+    assert not list(cache.glob("cpu/*/*/ship"))
 
 
 def test_model_library_key_covers_the_headers_model_cpp_includes(tmp_path, monkeypatch):
@@ -126,8 +142,7 @@ def test_model_library_key_covers_the_headers_model_cpp_includes(tmp_path, monke
 
 
 def test_one_compile_thread_runs_one_compiler_at_a_time(tmp_path, monkeypatch):
-    """AOTPACK_COMPILE_THREADS=1 (debugging): model.so no longer compiles beside the shipped
-    wrappers; every compile, model.so included, runs alone."""
+    """AOTPACK_COMPILE_THREADS=1 (debugging): every compile, model.so included, runs alone."""
     import threading
     running, most, kinds, lock = [0], [0], [], threading.Lock()
     original = CpuToolchain._compile

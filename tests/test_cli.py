@@ -260,7 +260,7 @@ def test_build_reports_its_phases_and_their_times(tmp_path):
     out = result.stdout.splitlines()
     assert out[0] == "phase times:" and out[-1] == str(tmp_path / "small_cnn-0.1.0.aotpack")
     phases = [line.split()[0] for line in out[1:-1]]
-    assert phases == ["export", "lower", "compile_kernels", "autotune", "compile_wrappers_and_model_so",
+    assert phases == ["export", "lower", "compile_kernels", "autotune", "compile_model_so",
                       "package_and_native_check", "total"]
     verbose = aotpack("-v", "build", MODELS / "small_cnn.py", "-o", tmp_path / "v", "--topn", "2", "--retune",
                       env=dict(os.environ, AOTPACK_CACHE_DIR=str(tmp_path / "cache")))
