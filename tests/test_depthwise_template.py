@@ -1,6 +1,6 @@
 """aotpack's depthwise conv template (``kernel_ir.DepthwiseConvKernel``,
 ``backends/cpu/depthwise_template``): the staged workspace, the tilings offered, the
-matcher's hardswish/hardsigmoid epilogues, and every tiling of odd-sized depthwise convs
+matcher's hardswish/hardsigmoid epilogues, and every tiling (both layouts) of odd-sized depthwise convs
 with each epilogue, strides 1/2, 3x3/5x5, with and without bias, on offset and strided
 inputs, compiled and launched against ``F.conv2d`` (float32: |ours - torch| <= 1e-5 +
 1e-5 * |torch|); plus a whole model built with the template winning every conv."""
@@ -80,19 +80,25 @@ def test_tilings_default_first_unique_and_within_the_device_limit():
     assert options[0] == DepthwiseTiling(block_dim=2, rows=4, vecs=2, workspace=2 * 18 * 24 * 4)
     assert options[0].tiling_repr == "cpu_depthwise_conv;block_dim=2;rows=4;vecs=2"
     assert len(set(options)) == len(options) and all(o.block_dim <= 2 for o in options)
-    assert all(o.workspace == depthwise_template.workspace_bytes(big, o.block_dim) for o in options)
-    assert {(o.rows, o.vecs) for o in options} == {(4, 2), (2, 2), (4, 1), (6, 2)}
+    assert all(o.workspace == depthwise_template.workspace_bytes(big, o.block_dim) for o in options if o.layout == "planes")
+    assert {(o.rows, o.vecs) for o in options} == {(4, 2), (2, 2), (4, 1), (6, 2), (0, 0)}
+    # second: 8 channels in the lanes, 8 positions a block, one staged 18 x 18 window and the
+    # 25 filter taps per thread
+    assert options[1] == DepthwiseTiling(block_dim=2, rows=0, vecs=0, layout="channels", cols=8,
+                                         workspace=2 * 2800 * 4)  # (18 * 18 + 25) * 8 floats, to 64 bytes
+    assert options[1].tiling_repr == "cpu_depthwise_conv;block_dim=2;layout=channels;cols=8"
     assert depthwise_template.solve(big, 2, count=2) == options[:2]
-    narrow = depthwise_template.solve(_kernel(1, 576, 7, 7, 5, 1), 2)  # one vector per row; 1.4 MFLOP
+    narrow = depthwise_template.solve(_kernel(1, 96, 7, 7, 5, 1), 2)  # one vector per row; 0.24 MFLOP: 1 thread
     assert narrow[0] == DepthwiseTiling(block_dim=1, rows=4, vecs=1, workspace=11 * 16 * 4)
-    assert [(o.block_dim, o.rows, o.vecs) for o in narrow] == [(1, 4, 1), (2, 4, 1), (1, 2, 1), (1, 6, 1)]
+    assert [(o.block_dim, o.rows, o.vecs, o.cols) for o in narrow] == [
+        (1, 4, 1, 0), (1, 0, 0, 7), (2, 4, 1, 0), (1, 2, 1, 0), (1, 6, 1, 0)]  # 7 columns: blocks of 7
     wide = depthwise_template.solve(big, 2, vector_bytes=64)  # 14 columns: the 8-lane default stays first
     assert [o.vector_bytes for o in wide[:2]] == [32, 64] and wide[1].workspace == 2 * 18 * 32 * 4
     assert wide[1].tiling_repr == "cpu_depthwise_conv;block_dim=2;rows=4;vecs=1;vector_bytes=64"
     stem = depthwise_template.solve(_kernel(1, 16, 112, 112, 3, 2), 2, vector_bytes=64)
     assert stem[0].vector_bytes == 64 and stem[0].vecs == 2
     one_row = depthwise_template.solve(_kernel(1, 3, 1, 5, 3, 2), 1)
-    assert [(o.rows, o.vecs) for o in one_row] == [(1, 1)]
+    assert [(o.rows, o.vecs, o.cols) for o in one_row] == [(1, 1, 0), (0, 0, 3)]
 
 
 @pytest.mark.unit
@@ -154,6 +160,11 @@ CASES = [  # (N, C, H, W, K, stride, epilogue, bias, dilation, layout)
     (1, 4, 5, 2, 3, 2, "relu", True, 1, "channels last"),
     (1, 2, 28, 13, 5, 1, "hardswish", False, 1, "offset rows"),
     (1, 3, 13, 7, 3, 1, "none", True, 2, "contiguous"),  # dilation 2
+    # 8 channels and more: the channels layout's transposed staging and store (groups of 8
+    # and a tail group, rows of 13 and 30 columns, non-contiguous planes, strided columns)
+    (2, 20, 13, 13, 3, 1, "relu", True, 1, "contiguous"),
+    (1, 16, 17, 30, 5, 2, "hardswish", True, 1, "offset rows"),
+    (1, 9, 11, 12, 3, 2, "none", False, 1, "channels last"),
 ]
 
 
@@ -173,10 +184,13 @@ def _input(case, generator) -> tuple[torch.Tensor, torch.Tensor, DepthwiseConvKe
 
 
 def _extra_tilings(kernel: DepthwiseConvKernel) -> list[DepthwiseTiling]:
-    """Row blocks of 1 and 3 rows (a remainder block on most heights), 3 vectors, 2 threads."""
-    return [DepthwiseTiling(block_dim=b, rows=r, vecs=v, workspace=depthwise_template.workspace_bytes(kernel, b, 32 // 4 * (w // 32)),
-                            vector_bytes=w)
-            for b, r, v, w in ((1, 1, 1, 32), (2, 3, 3, 32), (1, 3, 2, 32), (2, 4, 2, 64))]  # 64: AVX-512 (AVX2 without it)
+    """Row blocks of 1 and 3 rows (a remainder block on most heights), 3 vectors, 2 threads;
+    channels in the lanes with blocks of 8 (the transposed store), 3 and 1 positions (a
+    remainder block ending at the row's end) on 1 and 2 threads."""
+    planes = [DepthwiseTiling(block_dim=b, rows=r, vecs=v, workspace=depthwise_template.workspace_bytes(kernel, b, 32 // 4 * (w // 32)),
+                              vector_bytes=w)
+              for b, r, v, w in ((1, 1, 1, 32), (2, 3, 3, 32), (1, 3, 2, 32), (2, 4, 2, 64))]  # 64: AVX-512 (AVX2 without it)
+    return planes + [depthwise_template.channels_tiling(kernel, b, cols) for b, cols in ((2, 8), (1, 3), (2, 1))]
 
 
 

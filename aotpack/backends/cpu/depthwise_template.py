@@ -21,6 +21,15 @@ Knobs (the tiling): ``rows``, ``vecs`` (``rows * vecs`` accumulator vectors of t
 AVX2 registers), ``block_dim``, and ``vector_bytes`` (64: 16-lane AVX-512 vectors where
 the target has them, offered next to the 8-lane default; a row under 16 columns wastes
 most of a wide vector, so PGO decides). The workspace is ``block_dim`` staged planes.
+
+``layout=channels`` (``templates/cpu_depthwise_channels.cpp.j2``) puts 8 channels in the
+lanes instead, as ONNX Runtime's NCHWc and XNNPACK's NHWC depthwise kernels do: per group of
+channels the planes are staged interleaved (``[padded row][padded column][channel]``) with
+their filters, so a tap of 8 channels at one position is one vector load and one FMA and no
+lane is spare on a 7- or 14-wide row; ``cols`` output positions of a row are the register
+block, transposed back into the NCHW planes on the stack. Staging and the transpose cost a
+scalar copy per input and output element, so it pays on 5x5 filters (25 FMAs an output)
+more than on 3x3 stride 2 (2.25 an input); PGO decides, as for the other knobs.
 """
 from __future__ import annotations
 
@@ -35,11 +44,15 @@ from aotpack.render import render
 #: template falls back to 16, SSE, without it; the workspace is sized for the wider one).
 VECTOR_BYTES = 32
 LANES = VECTOR_BYTES // 4
-#: Below this many flops one thread is the default (a parallel region costs ~1-2 us).
-PARALLEL_MIN_FLOPS = 2_000_000
+#: Below this many flops one thread is the default (a parallel region costs ~1-2 us; PGO at
+#: device limit 2 picked 2 threads for every MobileNetV3-Small depthwise conv, 0.9-2.4 Mflop,
+#: 25-40 us against 33-70 us on one).
+PARALLEL_MIN_FLOPS = 500_000
 #: Most accumulator vectors a register block may hold (16 AVX2 registers, less the loaded
 #: input vectors and a broadcast weight).
 MAX_ACCUMULATORS = 12
+#: Output positions per register block of ``layout=channels`` (one accumulator each).
+CHANNELS_COLS = 8
 
 
 @dataclass(frozen=True)
@@ -52,11 +65,17 @@ class DepthwiseTiling(Candidate):
     vecs: int
     workspace: int = 0
     vector_bytes: int = VECTOR_BYTES
+    #: ``planes`` (a plane's columns in the lanes) or ``channels`` (8 channels in the lanes).
+    layout: str = "planes"
+    #: ``layout=channels``: output positions per register block (``rows``/``vecs`` are 0 there).
+    cols: int = 0
 
     @property
     def tiling_repr(self) -> str:
         """``tiling_repr``: every knob, canonical (``vector_bytes`` only off the AVX2 default)."""
         wide = "" if self.vector_bytes == VECTOR_BYTES else f";vector_bytes={self.vector_bytes}"
+        if self.layout == "channels":
+            return f"cpu_depthwise_conv;block_dim={self.block_dim};layout=channels;cols={self.cols}{wide}"
         return f"cpu_depthwise_conv;block_dim={self.block_dim};rows={self.rows};vecs={self.vecs}{wide}"
 
     @property
@@ -96,6 +115,23 @@ def workspace_bytes(kernel: DepthwiseConvKernel, block_dim: int, lanes: int = LA
     return block_dim * scratch_floats(kernel, lanes) * 4
 
 
+def channels_scratch_floats(kernel: DepthwiseConvKernel, lanes: int = LANES) -> int:
+    """Floats of ``layout=channels`` workspace per thread: the staged window
+    ``[(OH - 1) * SH + (KH - 1) * DH + 1][(OW - 1) * SW + (KW - 1) * DW + 1][lanes]`` and the
+    group's filters ``[KH * KW][lanes]``, rounded to 64 bytes."""
+    (_oh, ow), (kh, kw) = kernel.out_hw, kernel.kernel_hw
+    cols = (ow - 1) * kernel.stride[1] + (kw - 1) * kernel.dilation[1] + 1
+    floats = (staged_rows(kernel) * cols + kh * kw) * lanes
+    return -(-floats // 16) * 16
+
+
+def channels_tiling(kernel: DepthwiseConvKernel, block_dim: int, cols: int = CHANNELS_COLS) -> DepthwiseTiling:
+    """A ``layout=channels`` tiling (8 channels in the lanes, ``cols`` positions a block)."""
+    return DepthwiseTiling(block_dim=block_dim, rows=0, vecs=0, layout="channels",
+                           cols=max(1, min(cols, kernel.out_hw[1])),
+                           workspace=block_dim * channels_scratch_floats(kernel) * 4)
+
+
 def _tiling(kernel: DepthwiseConvKernel, block_dim: int, rows: int, vecs: int,
             vector_bytes: int = VECTOR_BYTES) -> DepthwiseTiling:
     lanes = vector_bytes // 4
@@ -114,10 +150,11 @@ def solve(kernel: DepthwiseConvKernel, device_limit: int, count: int = MAX_TOPN,
     ``vector_bytes`` 64 (AVX-512), the default at 16 lanes comes first for rows of 16
     columns or more and second otherwise. Then the other thread count, 2 rows x 2
     vectors, 4 rows x 1 vector (a narrow row), 6 rows x 2. Clipped to the output's rows
-    and vectors, duplicates dropped.
+    and vectors, duplicates dropped. The ``layout=channels`` form at the default's threads
+    comes second, or third behind both defaults where the 16-lane one comes second.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
-    options = [_tiling(kernel, threads, 4, 2)]
+    options = [_tiling(kernel, threads, 4, 2), channels_tiling(kernel, threads)]
     if vector_bytes >= 64:
         wide = _tiling(kernel, threads, 4, 2, 64)
         options.insert(0 if kernel.out_hw[1] >= 16 else 1, wide)
@@ -132,7 +169,7 @@ def estimate_us(kernel: DepthwiseConvKernel, tiling: DepthwiseTiling, gflops: fl
     """Guess in us: flops at ``gflops`` per thread over the lanes the vectors use (a row's
     spare lanes cost as much as used ones), plus ~2 us per parallel region."""
     ow, lanes = kernel.out_hw[1], tiling.lanes
-    used = ow / (output_vectors(kernel, lanes) * lanes) if ow < lanes else 1.0
+    used = ow / (output_vectors(kernel, lanes) * lanes) if ow < lanes and tiling.layout == "planes" else 1.0
     compute = kernel.flops * LANES / (used * gflops * lanes * 1e3 * tiling.block_dim)
     return compute + (2.0 if tiling.block_dim > 1 else 0.0)
 
@@ -146,12 +183,15 @@ def render_kernel(kernel: DepthwiseConvKernel, tiling: DepthwiseTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling``."""
     (h, w), (oh, ow), (kh, kw) = kernel.in_hw, kernel.out_hw, kernel.kernel_hw
     bias = " + bias" if kernel.has_bias else ""
-    return render("cpu_depthwise_conv.cpp.j2", tiling_repr=tiling.tiling_repr, n=kernel.batch, c=kernel.channels,
+    channels = tiling.layout == "channels"
+    return render("cpu_depthwise_channels.cpp.j2" if channels else "cpu_depthwise_conv.cpp.j2",
+                  tiling_repr=tiling.tiling_repr, cols=tiling.cols, n=kernel.batch, c=kernel.channels,
                   h=h, w=w, oh=oh, ow=ow, kh=kh, kw=kw, sh=kernel.stride[0], sw=kernel.stride[1],
                   ph=kernel.padding[0], pw=kernel.padding[1], dh=kernel.dilation[0], dw=kernel.dilation[1],
                   xs=kernel.x_strides, ws=kernel.weight_strides, x_offset=kernel.x_offset,
                   has_bias=kernel.has_bias, bias_offset=kernel.bias_offset, bias_stride=kernel.bias_stride,
-                  pitch=pitch(kernel, tiling.lanes), scratch_floats=scratch_floats(kernel, tiling.lanes),
+                  pitch=pitch(kernel, tiling.lanes),
+                  scratch_floats=(channels_scratch_floats if channels else scratch_floats)(kernel, tiling.lanes),
                   workspace=tiling.workspace, vector_bytes=tiling.vector_bytes, rows=tiling.rows, vecs=tiling.vecs,
                   block_dim=tiling.block_dim,
                   chunk=_chunk(kernel, tiling.block_dim), epilogue=kernel.epilogue,
