@@ -7,6 +7,7 @@ inputs, compiled and launched against ``F.conv2d`` (float32: |ours - torch| <= 1
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from aotpack import autotune, backends, gemm_cache, gemm_match, lowering
 from aotpack.backends.cpu import depthwise_template
 from aotpack.backends.cpu.depthwise_template import DepthwiseTiling
+from aotpack.backends.cpu.toolchain import CXX, KERNEL_FLAGS
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.export import export_model, load_model_file
@@ -210,6 +212,21 @@ def test_every_tiling_matches_torch(case, tmp_path):
         out = torch.full(expected.shape, float("nan"))
         launcher.launch(tiling.kernel_key, [store, weight] + ([bias] if has_bias else []) + [out])
         torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "x86-64-v4"])  # SSE, AVX2, AVX-512
+def test_both_layouts_compile_for_every_vector_width(march, tmp_path):
+    """The suite's other native tests build for this host's -march only; each layout's
+    source must also compile where the template falls back to 4-lane SSE vectors or has
+    AVX-512 (the channels form's 8 x 8 transpose exists at 8 lanes only)."""
+    kernel = _kernel(1, 20, 13, 13, 5, 2, "hardswish", True)
+    for tiling in depthwise_template.solve(kernel, 2, vector_bytes=64):
+        source = tmp_path / f"{tiling.kernel_key}.cpp"
+        source.write_text(depthwise_template.render_kernel(kernel, tiling))
+        result = subprocess.run([CXX, *KERNEL_FLAGS, f"-march={march}", "-fsyntax-only", str(source)],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, f"{tiling.tiling_repr} at -march={march}:\n{result.stderr[:2000]}"
 
 
 def _template_wins(functions):

@@ -126,7 +126,8 @@ def channels_scratch_floats(kernel: DepthwiseConvKernel, lanes: int = LANES) -> 
 
 
 def channels_tiling(kernel: DepthwiseConvKernel, block_dim: int, cols: int = CHANNELS_COLS) -> DepthwiseTiling:
-    """A ``layout=channels`` tiling (8 channels in the lanes, ``cols`` positions a block)."""
+    """A ``layout=channels`` tiling (8 channels in the lanes, ``cols`` positions a block; the
+    workspace is sized for 8 lanes, so the tiling keeps the AVX2 ``vector_bytes``)."""
     return DepthwiseTiling(block_dim=block_dim, rows=0, vecs=0, layout="channels",
                            cols=max(1, min(cols, kernel.out_hw[1])),
                            workspace=block_dim * channels_scratch_floats(kernel) * 4)
@@ -151,7 +152,7 @@ def solve(kernel: DepthwiseConvKernel, device_limit: int, count: int = MAX_TOPN,
     columns or more and second otherwise. Then the other thread count, 2 rows x 2
     vectors, 4 rows x 1 vector (a narrow row), 6 rows x 2. Clipped to the output's rows
     and vectors, duplicates dropped. The ``layout=channels`` form at the default's threads
-    comes second, or third behind both defaults where the 16-lane one comes second.
+    comes second, or third with a target's 16-lane default (first or second) in front of it.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     options = [_tiling(kernel, threads, 4, 2), channels_tiling(kernel, threads)]
