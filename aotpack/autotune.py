@@ -15,7 +15,9 @@ candidate, it goes straight to ``optimize_tiling`` without timing.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +43,25 @@ class Choice:
     visited: bool
     cached: bool
     contended: bool = False
+
+
+@contextlib.contextmanager
+def extern_threads(device_limit: int) -> Iterator[None]:
+    """ATen's intra-op threads set to ``device_limit`` (cores, >= 1) inside the block and
+    restored after, also on an error.
+
+    PGO times an extern implementation (ATen, MKL, oneDNN) against aotpack's kernels, which
+    launch at most ``device_limit`` threads; the extern call runs with ATen's thread count,
+    the machine's cores by default. Timed with 2 threads for a ``--device-limit 1`` build,
+    MKL's 32x2048x512 linear took 617 us where it runs 870 us at 1 thread, and won over
+    the GEMM template's 806 us. aotpack-run sets the same count (``--device-limit``).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(device_limit)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def time_candidates(launcher, keys: list[str], args, block_dims: list[int] | None = None) -> timing.Timing:

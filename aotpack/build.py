@@ -214,7 +214,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
             compiled, compiled_count = compile_stage.compile_all(
                 sets, folders, toolchain, store, settings,
                 on_done=lambda done, total: progress.count(done, total, "candidates compiled"))
-        with progress.phase("autotune", "autotuning on the real inputs (PGO)"):
+        with progress.phase("autotune", "autotuning on the real inputs (PGO)"), \
+                autotune.extern_threads(settings.device_limit):
             captured = {} if settings.debug_dir else None
             gemm_root = settings.cache_dir / backend.name / "gemm"
             versions = gemm_cache.kernel_versions(sets, toolchain.fingerprint())

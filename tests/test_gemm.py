@@ -95,3 +95,43 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
         own = g["winner"] == "template"
         panels = f"{module}.weight.{'conv' if g['kind'] == 'conv2d' else 'gemm'}_panels"
         assert (f"{module}.weight" in stored, panels in stored) == (not own, own), g
+
+
+def test_extern_implementations_are_timed_with_the_device_limit_threads(tmp_path, cache_dir):
+    """PGO times ATen/MKL/oneDNN with as many ATen threads as the kernels may use: a
+    ``--device-limit 1`` build whose process runs 3 ATen threads times them at 1, and the
+    process gets its 3 back."""
+    model = tmp_path / "linear.py"
+    model.write_text("import torch\n"
+                     "def model():\n    torch.manual_seed(0)\n    return torch.nn.Linear(64, 48).eval()\n"
+                     "def example_inputs():\n    return (torch.randn(8, 64),)\n")
+    seen = []
+
+    def recording_timings(functions):
+        for fn in functions:
+            seen.append(torch.get_num_threads())
+            fn()
+        return fixed_timing([1.0] * len(functions))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(autotune, "time_functions", recording_timings)
+            patch.setattr(gemm_cache, "read_all", lambda *args: {})
+            patch.setattr(gemm_cache, "write_all", lambda *args: None)
+            build(model, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir, device_limit=1))
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.unit
+def test_extern_threads_restores_the_count_after_an_error():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="inside"):
+        with autotune.extern_threads(1):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
