@@ -38,8 +38,8 @@ floats, of one phase. The register tile is ``mr`` channels x ``nr`` positions
 convolution of stride 1 or 2 along the row: per output row, each thread stages the KH
 input rows its windows read (per input channel, zero-bordered: ``staged_pitch`` floats
 a row, a few KB that stay in L1) and a tile's positions lie within that row. A stride-2
-tap of consecutive positions is every second float of a staged row, loaded as two
-vectors compacted by one shuffle. The phase copy of a strided ``lanes`` convolution
+row is staged as its two column phases (even padded columns, then odd ones), so a tap of
+consecutive positions is one plain vector load. The phase copy of a strided ``lanes`` convolution
 writes and reads back an image-sized workspace; in a model that image is cold (MobileNet's
 stem: a 602 KB input read from L3 or memory, then 613 KB of phases).
 
@@ -137,7 +137,8 @@ def staged_pitch(kernel: ConvKernel, positions: int) -> int:
     """Floats per staged row of a ``rows`` convolution with ``positions``-wide tiles, a
     multiple of ``STAGED_MAX_LANES``: the zero-bordered input row (W + pw), and every
     float a row's last two tiles load, whole vectors of ``stride`` x lanes floats from
-    column ``ow0 * stride + tap``."""
+    column ``ow0 * stride + tap``. A stride-2 row holds its two column phases in the two
+    halves of the pitch; each half then covers what one phase's loads reach."""
     kw, sw, dw, ow = kernel.kernel_size[1], kernel.stride[1], kernel.dilation[1], kernel.out_hw[1]
     lanes = STAGED_MAX_LANES
     tiles = -(-ow // positions)
