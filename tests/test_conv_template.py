@@ -57,6 +57,69 @@ def _kernel(x_shape, c_out, kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilati
                       x_offset=x_offset, residual_offset=residual_offset)
 
 
+def _guarded_floats(count: int):
+    """A float32 tensor of ``count`` elements whose last one ends exactly where a PROT_NONE
+    page begins (an anonymous mmap; returned with it, which must outlive the tensor): a
+    kernel that reads one float past the tensor faults."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    data_pages = -(-count * 4 // page)
+    region = mmap.mmap(-1, (data_pages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(base + data_pages * page), ctypes.c_size_t(page), 0) == 0  # PROT_NONE
+    offset = data_pages * page - count * 4
+    return torch.frombuffer(region, dtype=torch.float32, count=count, offset=offset), region
+
+
+def _launch_rows_on_guarded_input(x_shape, kernel_size, stride, padding, folder) -> None:
+    """In a child process: every ``rows`` tiling of a convolution whose input ends at a
+    guard page, against torch (exit code 3 on a mismatch; a read past the input faults)."""
+    kernel = _kernel(x_shape, 5, kernel_size, stride, padding, (1, 1), "relu", True, 0, 0)
+    knobs = ((2, 8, 48, 64), (1, 6, 16, 32), (2, 4, 24, 32))
+    tilings = [conv_template.lanes_tiling(kernel, *k, staged=True) for k in knobs]
+    launcher = compile_tilings(kernel, tilings, folder)
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(5, x_shape[1], *kernel_size, generator=generator)
+    bias = torch.randn(5, generator=generator)
+    x, region = _guarded_floats(kernel.inputs[0].shape[0])
+    x.copy_(torch.randn(x.shape, generator=generator))
+    expected = F.relu(F.conv2d(x.view(x_shape), weight, bias, stride, padding))
+    tensors = [x, pack_panels(weight.reshape(5, -1)), pad_bias(bias)]
+    for tiling in tilings:
+        out = torch.full(expected.shape, float("nan"))
+        launcher.launch(tiling.kernel_key, tensors + [out])
+        if not torch.allclose(out, expected, atol=ATOL, rtol=RTOL):
+            raise SystemExit(3)
+    del x, tensors
+    region.close()
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("x_shape, kernel_size, stride, padding", [
+    ((2, 1, 33, 1), (1, 1), (2, 2), (0, 0)),  # one input column: the odd phase holds none
+    ((1, 2, 40, 1), (3, 1), (2, 2), (1, 0)),
+    ((1, 3, 12, 9), (3, 3), (2, 2), (1, 1)),
+])
+def test_rows_staging_reads_nothing_past_the_input(x_shape, kernel_size, stride, padding, tmp_path):
+    """The stride-2 ``rows`` staging splits each input row into its even and odd columns;
+    with one input column and no padding the odd phase holds none, and a bound computed
+    with C++'s truncating division copied one float past the row (the input's last row:
+    past the tensor). The input ends at a guard page, so such a read faults the child process."""
+    import multiprocessing
+
+    assert conv_template.rows_allowed(_kernel(x_shape, 5, kernel_size, stride, padding, (1, 1), "relu"))
+    # spawn, not fork: a child forked from a process whose OpenMP pool already ran hangs in
+    # its first parallel region
+    child = multiprocessing.get_context("spawn").Process(
+        target=_launch_rows_on_guarded_input, args=(x_shape, kernel_size, stride, padding, tmp_path))
+    child.start()
+    child.join(300)
+    assert child.exitcode == 0, f"child exit code {child.exitcode} (-11: a read past the input)"
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("shape", [((1, 3, 224, 224), (7, 7), (2, 2), (3, 3), (1, 1)),
                                    ((2, 5, 9, 8), (5, 5), (1, 1), (2, 2), (2, 2)),

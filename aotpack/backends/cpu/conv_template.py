@@ -136,9 +136,10 @@ STAGED_MAX_LANES = 16
 def staged_pitch(kernel: ConvKernel, positions: int) -> int:
     """Floats per staged row of a ``rows`` convolution with ``positions``-wide tiles, a
     multiple of ``STAGED_MAX_LANES``: the zero-bordered input row (W + pw), and every
-    float a row's last two tiles load, whole vectors of ``stride`` x lanes floats from
-    column ``ow0 * stride + tap``. A stride-2 row holds its two column phases in the two
-    halves of the pitch; each half then covers what one phase's loads reach."""
+    float a row's last two tiles load: whole vectors of lanes from column ``ow0 + tap``
+    (stride 1) or, with stride 2, from column ``ow0 + tap / 2`` of the tap's column phase;
+    the two phases are the two halves of the pitch, so the reach is counted in padded
+    columns (``stride`` x positions) and each half covers its phase's."""
     kw, sw, dw, ow = kernel.kernel_size[1], kernel.stride[1], kernel.dilation[1], kernel.out_hw[1]
     lanes = STAGED_MAX_LANES
     tiles = -(-ow // positions)
