@@ -212,9 +212,10 @@ class PythonModeRun:
     def _gemm(self, step: GemmStep, env) -> None:
         """Run a GEMM step; until it is tuned, time every variant on this input set.
 
-        Variant 0 (ATen) runs first as a normal step (tuning its epilogue kernel and
-        computing the output, which every variant computes alike); the other variants'
-        kernels (the GEMM template) get their candidates timed; then each variant is
+        Variant 0 (ATen; oneDNN for a convolution that has aotpack kernels) runs first as a
+        normal step (tuning its epilogue kernel, if any, and computing the output, which
+        every variant computes alike); the other variants' kernels (the templates) get
+        their candidates timed; then each variant is
         timed as the calls it makes (arguments prepared once, kernels at their best
         candidate so far), so Python overhead does not favour single-call variants.
         """

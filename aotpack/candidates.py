@@ -6,10 +6,8 @@ cost model); each is rendered into its own static-kernel source, plus one wrappe
 source holding all their ``TilingInfo``. Kernels with the same ``kernel_id`` (repeated
 layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
 
-Two kinds of kernel compile only their candidate 0 (the default tiling, or the cost model's
-best): tiny kernels (``_is_tiny``), and the
-epilogue kernels of a convolution's extern alternative where aotpack's own template
-competes (``alternative_epilogues``).
+Tiny kernels (``_is_tiny``) compile only their candidate 0 (the default tiling, or the
+cost model's best).
 """
 from __future__ import annotations
 
@@ -19,8 +17,6 @@ from dataclasses import dataclass
 
 from aotpack import replay
 from aotpack.config import MAX_TOPN
-from aotpack.gemm import OWN_KERNEL_RANKS, gemm_steps
-from aotpack.ir import KernelCall, walk_steps
 from aotpack.kernel_ir import FusedKernel
 
 log = logging.getLogger("aotpack")
@@ -45,43 +41,16 @@ class CandidateSet:
         return self.kernel.kernel_id
 
 
-def alternative_epilogues(graph) -> set[str]:
-    """kernel_ids launched only as the epilogue of an extern alternative (``aten``) of a
-    convolution step that also offers aotpack's template.
-
-    Such a kernel (the ReLU or residual add after an ATen convolution) runs only if the
-    extern call beats the template with its epilogue fused (and oneDNN with it as a post-op),
-    which it has not done on the benchmark models (the template won 54 of 54 convolutions of
-    MobileNetV3-Small, 21 of 21 of ResNet-18), and then adds a pass over the output whose tilings differ by a few
-    percent: its variations are not worth a compile each (MobileNetV3-Small: 38 of 205
-    kernel binaries, ResNet-18: 27 of 84). Linear steps keep them: MKL with a separate
-    epilogue kernel won 2 of transformer_block's 4 linears.
-    """
-    launched = {s.kernel.kernel_id for s in walk_steps(graph.steps) if isinstance(s, KernelCall)}
-    alternative = set()
-    for step in gemm_steps(graph):
-        offers_template = any(v.name == "template" for v in step.variants)
-        for variant in step.variants:
-            ids = {s.kernel.kernel_id for s in variant.steps if isinstance(s, KernelCall)}
-            pruned = step.kind == "conv2d" and offers_template and variant.name not in OWN_KERNEL_RANKS
-            (alternative if pruned else launched).update(ids)
-    return alternative - launched
-
-
-def shortlist(kernel: FusedKernel, backend, limits, settings, default_only: bool = False) -> tuple:
+def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:
     """The candidates of ``kernel`` to compile and time.
 
     Without the cost model: the solver's first ``topn`` (its default first, then the
     nearest variations). With it (``settings.cost_model``): the solver's whole space
     ranked by ``backend.estimate_us``, keeping the best ``ceil(ratio * len(space))``,
     at least 1 and at most ``topn``; the best estimate becomes candidate 0. Either way
-    a tiny kernel (``_is_tiny``) keeps only candidate 0, as does one with ``default_only``
-    (``alternative_epilogues``).
+    a tiny kernel (``_is_tiny``) keeps only candidate 0.
     """
     chosen = _ranked(kernel, backend, limits, settings)
-    if len(chosen) > 1 and default_only:
-        log.debug("%s: epilogue of an extern alternative: compiling only %s", kernel.name, chosen[0].tiling_repr)
-        return chosen[:1]
     if len(chosen) > 1 and _is_tiny(kernel, chosen[0], backend, settings):
         log.debug("%s: tiny (estimated under %g us): compiling only %s", kernel.name,
                   settings.tiny_kernel_us, chosen[0].tiling_repr)
@@ -122,11 +91,10 @@ def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str,
     limits = backend.limits(settings)
     sets: dict[str, CandidateSet] = {}
     replayed = replayed or {}
-    default_only = alternative_epilogues(graph)
     for kernel in graph.kernels:
         if kernel.kernel_id in sets:
             continue
-        candidates = shortlist(kernel, backend, limits, settings, kernel.kernel_id in default_only)
+        candidates = shortlist(kernel, backend, limits, settings)
         if kernel.kernel_id in replayed:
             winner = replay.pick(backend.solve(kernel, limits, MAX_TOPN), replayed[kernel.kernel_id])
             if winner is not None:

@@ -8,7 +8,8 @@ into one output buffer. Each ``GemmVariant`` is a list of ordinary steps writing
 buffer:
 
 * ``aten``: the ATen call (``addmm``/``mm``/``convolution``), then the epilogue as a
-  fused aotpack kernel (what aotpack runs without this module);
+  fused aotpack kernel (what aotpack runs without this module); a convolution offers it
+  only when no aotpack kernel (``template``, ``winograd``) applies;
 * ``mkl`` (linear, where torch has MKL): ``mkl::_mkl_linear`` on an MKL-packed weight,
   then the same epilogue kernel;
 * ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
@@ -135,7 +136,7 @@ def resolve(graph, choices: dict):
     read = {id(b) for s in walk_steps(steps) if isinstance(s, ExternCall) for b in s.reads()}
     packed = [p for p in graph.packed if id(p.buffer) in read]
     # constants only the losing variants read (a dense weight or its template panels) are not shipped
-    offered = {id(b) for step in gemm_steps(graph) for b in [*step.reads(), *step.replaced]}
+    offered = {id(b) for step in gemm_steps(graph) for b in [*step.reads(), *step.replaced, *_packed_from(step)]}
     needed = {id(b) for s in walk_steps(steps) for b in s.reads()}
     needed |= {id(a.value[0]) for p in packed for a in p.args if a.kind == "tensor"}
     needed |= {id(parts[0]) for parts in graph.outputs}
@@ -148,6 +149,11 @@ def resolve(graph, choices: dict):
     return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
                                packed=packed, constants=constants,
                                constant_tensors={b.name: graph.constant_tensors[b.name] for b in constants})
+
+
+def _packed_from(step: GemmStep) -> list[Buffer]:
+    """The dense weights the step's variants pack at load (oneDNN/MKL ``PackedWeight`` args)."""
+    return [a.value[0] for v in step.variants for p in v.packed for a in p.args if a.kind == "tensor"]
 
 
 def _chosen_panels(graph, choices: dict) -> list[tuple]:

@@ -43,7 +43,7 @@ def test_every_gemm_and_conv_becomes_a_step_with_its_epilogue(zoo):
         ("linear", "7x33x13", "tanh", own), ("linear", "7x13x13", "swish", own),
         ("linear", "7x13x13", "add", own), ("linear", "13x7x5", "none", linear),
         ("linear", "1x13x5", "none", own),
-        ("conv2d", "[2, 3, 9, 9]*[6, 3, 3, 3]", "relu", ["aten", "onednn", "template"]),
+        ("conv2d", "[2, 3, 9, 9]*[6, 3, 3, 3]", "relu", ["onednn", "template"]),  # no ATen: oneDNN's twin
     ]
     # the weights are packed once at load from the dense constants
     assert {p.op for p in graph.packed} >= {torch.ops.mkldnn._reorder_linear_weight.default,
@@ -76,14 +76,18 @@ def test_forced_variants_match_eager(zoo, plain):
     assert check.ok, check.problems
 
 
+#: The linears' epilogue kernels: relu, gelu (erf form), tanh, silu, the residual add.
+EPILOGUE_KERNELS = ["fused_relu", "fused_mul_erf_add", "fused_tanh", "fused_sigmoid_mul", "fused_add"]
+
+
 def test_aten_variant_keeps_the_epilogue_as_a_fused_kernel(zoo):
     graph, _, _ = zoo
-    resolved = gemm.resolve(graph, {})  # variant 0 everywhere
-    assert len(resolved.kernels) == 6  # relu, gelu, tanh, silu, add, conv's relu
+    resolved = gemm.resolve(graph, {})  # variant 0 everywhere: ATen for the linears, oneDNN for the conv
+    assert [k.base_name for k in resolved.kernels] == EPILOGUE_KERNELS
     assert all(k in graph.kernels for k in resolved.kernels)
-    assert not resolved.packed
+    assert {p.op for p in resolved.packed} == {torch.ops.mkldnn._reorder_convolution_weight.default}
     launches = [s for s in resolved.steps if isinstance(s, KernelCall)]
-    assert len(launches) == 6
+    assert len(launches) == 5
 
 
 SHARED = """
@@ -120,36 +124,19 @@ def test_epilogue_with_another_reader_or_other_form_is_not_folded(tmp_path):
     assert len(gemm.resolve(graph, choices).kernels) == 2  # relu and the tanh GELU stay aotpack kernels
 
 
-def test_epilogue_of_an_aten_convolution_compiles_only_its_default(zoo):
-    """Where the template competes with ATen on a convolution, ATen's epilogue kernel gets one
-    candidate (it runs only if ATen beats the template); the linears' epilogue kernels (MKL
-    with one wins some) and the template kernels get their TopN."""
+def test_a_conv_with_aotpack_kernels_drops_the_aten_variant_and_its_epilogue_kernel(zoo):
+    """ATen's convolution is oneDNN's without post-ops or a packed weight, plus an epilogue
+    kernel: where the template competes, that variant is not offered and its ReLU kernel is
+    neither in the graph nor compiled; the linears' epilogue kernels (MKL with one wins some)
+    and the template kernels get their TopN."""
     graph, _, _ = zoo
     (conv,) = [s for s in _steps(graph) if s.kind == "conv2d"]
-    (relu,) = [s.kernel.kernel_id for s in conv.variants[0].steps if isinstance(s, KernelCall)]
-    assert candidates.alternative_epilogues(graph) == {relu}
+    assert [v.name for v in conv.variants] == ["onednn", "template"]
+    # the linears' epilogues only
+    assert [k.base_name for k in graph.kernels if k.base_name.startswith("fused_")] == EPILOGUE_KERNELS
     sets = candidates.prepare(graph, backends.get("cpu"), Settings.from_env(topn=3))
     counts = {kid: len(cs.candidates) for kid, cs in sets.items()}
-    assert counts.pop(relu) == 1
     assert len(counts) == 12 and all(n > 1 for n in counts.values()), counts  # 5 epilogues, 7 templates
-
-
-def test_an_epilogue_launched_elsewhere_or_after_a_conv_without_template_keeps_its_topn():
-    """Only kernels that run nowhere but after an ATen convolution competing with the template
-    are pruned: not one also launched in a torch.cond branch, nor one after a linear or after
-    a convolution that offers no template."""
-    relu, add, gelu, shared = (SimpleNamespace(kernel_id=k) for k in ("relu", "add", "gelu", "shared"))
-
-    def step(kind, epilogue, template=True):
-        variants = [gemm.GemmVariant("aten", [ExternCall(None, [], []), KernelCall(epilogue)], [])]
-        variants += [gemm.GemmVariant("template", [KernelCall(SimpleNamespace(kernel_id="t"))], [])] if template else []
-        return gemm.GemmStep("s", kind, "", "", variants, None)
-
-    branch = CondStep(None, [], [KernelCall(shared)], [step("conv2d", shared)])
-    graph = SimpleNamespace(steps=[step("conv2d", relu), step("conv2d", add, template=False),
-                                   step("linear", gelu), branch])
-    assert candidates.alternative_epilogues(graph) == {"relu"}
-
 
 def test_manifest_entries_and_inspect_table(zoo):
     graph, _, _ = zoo
