@@ -50,14 +50,19 @@ def test_variance_and_integer_reductions_fuse(build_model, tmp_path):
 
 
 def test_mobilenet_block_relu6_and_hardswish_fuse(tmp_path, cache_dir, monkeypatch):
-    """With the ATen convolution picked for every conv (pinned: the GEMM steps' timings
-    decide otherwise), only the convolutions stay extern; ReLU6 joins its BN kernel."""
+    """With oneDNN picked for every conv (pinned: the GEMM steps' timings decide otherwise),
+    only the convolutions stay extern: hardswish is a post-op, and ReLU6, which oneDNN does
+    not fuse here, joins the kernels that read it (the squeeze-excite mean and scale, the
+    head's clamp)."""
     monkeypatch.setattr(autotune, "time_functions", lambda fns: fixed_timing([1.0 + i for i in range(len(fns))]))
     monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
     monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
     path = MODELS / "mobilenet_block.py"
     result = build(path, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
-    assert _externs(result.archive) == ["aten.convolution.default"]
+    assert _externs(result.archive) == ["mkldnn._convolution_pointwise.default",
+                                        "mkldnn._convolution_pointwise.binary"]
+    assert [k["name"].rsplit("_", 1)[0] for k in result.manifest["kernels"]] == [
+        "fused_hardtanh_mean", "fused_hardtanh_mul", "fused_hardtanh"]
     assert_native_parity(result.archive, path, tmp_path, atol=TOLERANCE, rtol=TOLERANCE)
 
 
