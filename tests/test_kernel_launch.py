@@ -180,14 +180,16 @@ def _archive(tmp_path: Path, kernel_dir: Path) -> Path:
     fx = _fixture_module()
     lit = cpp_wrapper.KernelLiteral(NAME, layout.wrapper_path(NAME), layout.kernel_dir(NAME),
                                     layout.lib_kernel_path(NAME, KEY), KEY)
+    array_lines = ["constexpr int64_t kOne[] = {1};", "constexpr int64_t kFour[] = {4};"]
     run_lines = [
-        "Tensor in0 = conform(Tensor(inputs[0], false), {1}, {1}, 4);",
-        "Tensor probe = alloc({4}, {1}, 4);",
+        "Tensor in0 = conform(Tensor(inputs[0], false), 1, kOne, kOne, 4);",
+        "Tensor probe = alloc(1, kFour, kOne, 4);",
         "void* const args[] = {ptr(in0), ptr(probe)};",
         "m.kernels[0].launch(args);",
-        'check(g_host->as_strided(probe.get(), 1, Dims{4}.data(), Dims{1}.data(), 0, &outputs[0]), "output");',
+        'check(g_host->as_strided(probe.get(), 1, kFour, kOne, 0, &outputs[0]), "output");',
     ]
-    source = render("model.cpp.j2", kernels=[lit], ops=[], typed=[], pack_lines=[], num_packed=0, panel_packs=False, run_lines=run_lines, num_constants=0, num_inputs=1,
+    source = render("model.cpp.j2", kernels=[lit], ops=[], typed=[], pack_lines=[], num_packed=0, panel_packs=False,
+                    run_lines=run_lines, array_lines=array_lines, num_constants=0, num_inputs=1,
                     num_outputs=1, abi_version=cpp_wrapper.MODEL_ABI_VERSION, name="wsk", version="0.1.0",
                     aotpack_version="test", device_limit=3)
     (tmp_path / "model.cpp").write_text(source)

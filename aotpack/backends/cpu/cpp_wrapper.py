@@ -72,6 +72,30 @@ def _dims(values) -> str:
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
 
 
+class IntArrays:
+    """The int64 arrays of ``run()`` (sizes, strides, int-list arguments) as static data,
+    one ``kInts<n>`` per distinct list: a literal ``std::vector`` per call cost a heap
+    allocation at run time and most of model.so's compile time."""
+
+    def __init__(self):
+        self.names: dict[tuple, str] = {}
+
+    def ref(self, values) -> str:
+        """The array's name (``nullptr`` for an empty list)."""
+        key = tuple(int(v) for v in values)
+        if not key:
+            return "nullptr"
+        return self.names.setdefault(key, f"kInts{len(self.names)}")
+
+    def shape(self, sizes, strides) -> str:
+        """``rank, sizes, strides`` arguments of alloc/view/conform/as_strided."""
+        return f"{len(sizes)}, {self.ref(sizes)}, {self.ref(strides)}"
+
+    def lines(self) -> list[str]:
+        """The definitions, at namespace scope before ``run()``."""
+        return [f"constexpr int64_t {name}[] = {_dims(values)};" for values, name in self.names.items()]
+
+
 class RunEmitter:
     """Builds the body of ``run()`` from the graph's steps."""
 
@@ -85,6 +109,7 @@ class RunEmitter:
         self.temp = 0
         self.declared = 0
         self.pack_lines: list[str] = []
+        self.ints = IntArrays()
         self.panel_packs = False  # a weight packed into GEMM panels at load: emit pack_panels
 
     def name(self, buf: Buffer) -> str:
@@ -101,21 +126,21 @@ class RunEmitter:
         if tuple(sizes) == base.shape and tuple(strides) == base.strides and offset == 0:
             return self.name(base)
         tmp = self._tmp()
-        self.lines.append(f"Tensor {tmp} = view({self.name(base)}, {_dims(sizes)}, {_dims(strides)}, {offset});")
+        self.lines.append(f"Tensor {tmp} = view({self.name(base)}, {self.ints.shape(sizes, strides)}, {offset});")
         return tmp
 
     def emit(self) -> list[str]:
         """Lines of ``run()``: conform inputs, the steps in order, then the outputs."""
         for i, buf in enumerate(self.graph.inputs):
             self.names[id(buf)] = f"in{i}"
-            self.lines.append(f"Tensor in{i} = conform(Tensor(inputs[{i}], false), {_dims(buf.shape)}, "
-                              f"{_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+            self.lines.append(f"Tensor in{i} = conform(Tensor(inputs[{i}], false), "
+                              f"{self.ints.shape(buf.shape, buf.strides)}, {dtype_code(buf.dtype)});")
         for i, buf in enumerate(self.graph.constants):
             self.names[id(buf)] = f"c{i}"
-            self.lines.append(f"Tensor c{i}(m.constants[{i}], false);")
+            self.lines.append(f"const Borrowed c{i}{{m.constants[{i}]}};")
         for i, packed in enumerate(self.graph.packed):
             self.names[id(packed.buffer)] = f"p{i}"
-            self.lines.append(f"Tensor p{i}(m.packed[{i}], false);")
+            self.lines.append(f"const Borrowed p{i}{{m.packed[{i}]}};")
             self._pack(i, packed)
         last_use = self._last_uses()
         for index, step in enumerate(self.graph.steps):
@@ -126,8 +151,8 @@ class RunEmitter:
             self.lines.append(f"outputs[{i}] = nullptr;")
         for i, parts in enumerate(self.graph.outputs):
             base, sizes, strides, offset = parts
-            self.lines.append(f"check(g_host->as_strided({self.name(base)}.get(), {len(sizes)}, Dims{_dims(sizes)}.data(), "
-                              f"Dims{_dims(strides)}.data(), {offset}, &outputs[{i}]), \"returning output {i}\");")
+            self.lines.append(f"check(g_host->as_strided({self.name(base)}.get(), {self.ints.shape(sizes, strides)}, "
+                              f"{offset}, &outputs[{i}]), \"returning output {i}\");")
         return self.lines
 
     def _step(self, step) -> None:
@@ -148,7 +173,7 @@ class RunEmitter:
         """``if (pred) {...} else {...}``; both branches fill the same result buffers."""
         for buf in step.results:
             self._declare(buf)
-            self.lines.append(f"b_{buf.name} = alloc({_dims(buf.shape)}, {_dims(buf.strides)}, "
+            self.lines.append(f"b_{buf.name} = alloc({self.ints.shape(buf.shape, buf.strides)}, "
                               f"{dtype_code(buf.dtype)});")
         pred = self.tensor_ref(step.pred)
         self.lines.append(f"if (*static_cast<const bool*>(ptr({pred}))) {{")
@@ -194,7 +219,7 @@ class RunEmitter:
         kernel = step.kernel
         for buf in kernel.outputs:
             self._declare(buf)
-            self.lines.append(f"b_{buf.name} = alloc({_dims(buf.shape)}, {_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+            self.lines.append(f"b_{buf.name} = alloc({self.ints.shape(buf.shape, buf.strides)}, {dtype_code(buf.dtype)});")
         args = [f"ptr({self.name(b)})" for b in kernel.inputs + kernel.outputs]
         self.lines.append(f"void* const args[] = {{{', '.join(args)}}};")
         self.lines.append(f"m.kernels[{self.kernel_index[kernel.kernel_id]}].launch(args);  // {kernel.name}")
@@ -217,8 +242,8 @@ class RunEmitter:
         self.lines.append(f"check(g_host->call_typed(m.typed[{self.typed.index(key)}], a, {len(arg_exprs)}, &out), "
                           f"\"{step.op}\");")
         self._declare(buf)
-        self.lines.append(f"b_{buf.name} = conform(Tensor(out, true), {_dims(buf.shape)}, "
-                          f"{_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+        self.lines.append(f"b_{buf.name} = conform(Tensor(out, true), {self.ints.shape(buf.shape, buf.strides)}, "
+                          f"{dtype_code(buf.dtype)});")
 
     def _extern(self, step: ExternCall) -> None:
         key = (step.op._schema.name, step.op._schema.overload_name)
@@ -236,8 +261,8 @@ class RunEmitter:
                 self.lines.append(f"g_host->release(outs[{i}]);")
                 continue
             self._declare(buf)
-            self.lines.append(f"b_{buf.name} = conform(Tensor(outs[{i}], true), {_dims(buf.shape)}, "
-                              f"{_dims(buf.strides)}, {dtype_code(buf.dtype)});")
+            self.lines.append(f"b_{buf.name} = conform(Tensor(outs[{i}], true), "
+                              f"{self.ints.shape(buf.shape, buf.strides)}, {dtype_code(buf.dtype)});")
 
     def _arg(self, arg) -> str:
         kind, value = arg.kind, arg.value
@@ -249,9 +274,7 @@ class RunEmitter:
             self.lines.append(f"const std::vector<AotpackTensor> {tmp} = {{{', '.join(refs)}}};")
             return f"arg_tensors({tmp})"
         if kind in ("int_list", "bool_list"):
-            tmp = self._tmp()
-            self.lines.append(f"const Dims {tmp} = {_dims(value)};")
-            return f"arg_ints({tmp}, AOTPACK_ARG_{kind.upper()})"
+            return f"arg_ints({self.ints.ref(value)}, {len(value)}, AOTPACK_ARG_{kind.upper()})"
         if kind == "double_list":
             tmp = self._tmp()
             self.lines.append(f"const std::vector<double> {tmp} = {{{', '.join(repr(float(v)) for v in value)}}};")
@@ -296,6 +319,7 @@ class RunEmitter:
         """step index -> buffers (ids) that no later step or output reads."""
         keep = {id(parts[0]) for parts in self.graph.outputs}
         keep |= {id(b) for b in self.graph.inputs + self.graph.constants}
+        keep |= {id(p.buffer) for p in self.graph.packed}  # borrowed from the model: nothing to release
         last: dict[int, int] = {}
         for index, step in enumerate(self.graph.steps):
             for buf in step.buffers():
@@ -320,7 +344,7 @@ def generate(graph: Graph, kernels: list, meta: dict) -> str:
     lines = emitter.emit()
     return render("model.cpp.j2", kernels=[kernel_literal(k, w) for k, w in kernels], ops=emitter.ops,
                   typed=emitter.typed,
-                  run_lines=lines, pack_lines=emitter.pack_lines, num_packed=len(graph.packed),
+                  run_lines=lines, array_lines=emitter.ints.lines(), pack_lines=emitter.pack_lines, num_packed=len(graph.packed),
                   panel_packs=emitter.panel_packs,
                   num_constants=len(graph.constants), num_inputs=len(graph.inputs),
                   num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)
