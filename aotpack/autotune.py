@@ -12,6 +12,12 @@ marked ``timing_contended`` in the manifest. Kernels write only their own fresh
 output buffers, never their inputs, so repeated timed launches cannot compound.
 Kernels the run never reaches are *unvisited* and use candidate 0. With one
 candidate, it goes straight to ``optimize_tiling`` without timing.
+
+Repeated layers are timed once per input set: a kernel launched at several sites (one
+``kernel_id``) is timed at its first launch in each set, and a GEMM step is timed only
+where no earlier step of the graph does the same work (``gemm_twins``: a transformer's
+identical projections, ResNet's repeated convolutions); the twins share its winner. On
+ViT-S/16 that left 6 of 26 GEMM steps to time.
 """
 from __future__ import annotations
 
@@ -43,6 +49,43 @@ class Choice:
     visited: bool
     cached: bool
     contended: bool = False
+
+
+def _tensor_work(parts) -> tuple:
+    base, shape, strides, offset = parts
+    return tuple(shape), tuple(strides), offset, base.dtype
+
+
+def _arg_work(arg) -> tuple:
+    """What an extern argument contributes to the work done: a tensor's layout, else its value."""
+    if arg.kind == "tensor":
+        return ("tensor", _tensor_work(arg.value))
+    if arg.kind == "tensor_list":
+        return ("tensor_list", tuple(None if p is None else _tensor_work(p) for p in arg.value))
+    return (arg.kind, repr(arg.value))
+
+
+def _step_work(step) -> tuple:
+    if isinstance(step, KernelCall):
+        return ("kernel", step.kernel.kernel_id)  # the kernel's content hash: its IR and layouts
+    if isinstance(step, ExternCall):
+        outputs = tuple(None if b is None else (tuple(b.shape), tuple(b.strides), b.dtype) for b in step.outputs)
+        return ("extern", str(step.op), tuple(_arg_work(a) for a in step.args), outputs)
+    raise AotpackError(f"internal error: {type(step).__name__} in a GEMM variant")
+
+
+def gemm_twins(graph: Graph) -> dict[str, str]:
+    """GEMM step key -> the key of the first step, in graph order, that does the same work:
+    same kind, shapes and epilogue, and variants whose kernels (by ``kernel_id``) and extern
+    calls (op, argument layouts and values, output layouts) match. Such twins differ only in
+    their weights' values, which do not change a dense GEMM's time, so one timing decides all."""
+    first: dict[tuple, str] = {}
+    twins = {}
+    for step in gemm_steps(graph):
+        work = (step.kind, step.shape, step.epilogue,
+                tuple((v.name, tuple(_step_work(s) for s in v.steps)) for v in step.variants))
+        twins[step.key] = first.setdefault(work, step.key)
+    return twins
 
 
 @contextlib.contextmanager
@@ -169,9 +212,17 @@ class PythonModeRun:
         self.gemm_winners: dict[str, int] = {}
         self.gemm_timings: dict[str, tuple] = {}
         self.gemm_visited: set = set()
+        self.gemm_twin = gemm_twins(graph)
+        #: kernel_ids and GEMM keys timed in the current input set (a repeated layer runs untimed)
+        self.timed_this_set: set = set()
+
+    def gemm_key(self, step: GemmStep) -> str:
+        """The key ``step``'s timing and winner are kept under: its first twin's."""
+        return self.gemm_twin.get(step.key, step.key)
 
     def run(self, inputs: tuple) -> list[torch.Tensor]:
         """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
+        self.timed_this_set = set()
         env: dict[int, torch.Tensor] = {}
         for buf, tensor in zip(self.graph.inputs, inputs):
             env[id(buf)] = _conform(tensor.detach().clone(), buf)
@@ -220,10 +271,12 @@ class PythonModeRun:
         candidate so far), so Python overhead does not favour single-call variants.
         """
         self.gemm_visited.add(step.key)
-        winner = self.gemm_winners.get(step.key)
-        if winner is not None or len(step.variants) == 1:
+        key = self.gemm_key(step)
+        winner = self.gemm_winners.get(step.key, self.gemm_winners.get(key))
+        if winner is not None or len(step.variants) == 1 or key in self.timed_this_set:
             self._execute(step.variants[winner or 0].steps, env)
             return
+        self.timed_this_set.add(key)
         self._execute(step.variants[0].steps, env)
         for variant in step.variants[1:]:  # a GEMM template's tilings are timed like any kernel's
             for call in variant.steps:
@@ -231,7 +284,7 @@ class PythonModeRun:
                     self._kernel(call.kernel, [env[id(b)] for b in call.reads() + call.writes()])
         calls = [self._calls(variant.steps, env) for variant in step.variants]
         timed = time_functions([lambda fns=fns: [fn() for fn in fns] for fns in calls])
-        self.gemm_samples.setdefault(step.key, (step, []))[1].append(timed)
+        self.gemm_samples.setdefault(key, (step, []))[1].append(timed)
 
     def _calls(self, steps: list, env) -> list:
         """One callable per step, its arguments taken from ``env`` now (timing only)."""
@@ -272,7 +325,8 @@ class PythonModeRun:
         if self.captured is not None and kid not in self.captured:
             self.captured[kid] = [t.clone() for t in tensors]
         args = launcher.arguments(tensors)
-        if kid not in self.winners and len(candidates) > 1:
+        if kid not in self.winners and len(candidates) > 1 and kid not in self.timed_this_set:
+            self.timed_this_set.add(kid)
             keys = [c.kernel_key for c in candidates]
             self.samples.setdefault(kid, []).append(
                 time_candidates(launcher, keys, args, [c.block_dim for c in candidates]))
@@ -383,7 +437,8 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
             choices[kid] = Choice(0, (), False, False)
     for step in gemm_steps(graph):  # timed now, or taken from ``recorded``
-        timings = replayed.get(step.key, runner.gemm_timings.get(step.key, ()))
-        choices[step.key] = Choice(runner.gemm_winners.get(step.key, 0), tuple(timings),
+        key = runner.gemm_key(step)
+        timings = replayed.get(step.key, runner.gemm_timings.get(key, ()))
+        choices[step.key] = Choice(runner.gemm_winners.get(step.key, runner.gemm_winners.get(key, 0)), tuple(timings),
                                    step.key in runner.gemm_visited, step.key in replayed)
     return choices, outputs

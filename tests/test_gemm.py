@@ -2,6 +2,7 @@
 (weights packed at load in model.so) match eager through the native runtime
 (float32: |ours - eager| <= 1e-5 + 1e-4 * |eager|), and the manifest records every
 step's candidates, timings and the fastest as the winner."""
+import collections
 import itertools
 from pathlib import Path
 
@@ -135,3 +136,39 @@ def test_extern_threads_restores_the_count_after_an_error():
             assert torch.get_num_threads() == 1
             raise RuntimeError("inside")
     assert torch.get_num_threads() == before
+
+
+REPEATED = Path(__file__).resolve().parent / "models" / "repeated_layers.py"
+
+
+def test_twin_steps_and_a_repeated_kernel_are_timed_once_per_input_set(tmp_path, cache_dir, monkeypatch):
+    """Three identical layers: their GEMM step is timed once per input set (example and
+    calibration: 2), as is the head's, and every layer ships the first one's winner and
+    timings; the layers' shared template kernel is timed once per set, not per launch."""
+    steps_timed, kernels_timed = [], []
+
+    def fake_time_functions(functions):
+        for fn in functions:
+            fn()
+        steps_timed.append(len(functions))
+        return fixed_timing([2.0] * (len(functions) - 1) + [1.0])  # the template
+
+    real_time_candidates = autotune.time_candidates
+
+    def counting_time_candidates(launcher, keys, args, block_dims=None):
+        kernels_timed.append(id(launcher))  # one launcher per kernel
+        return real_time_candidates(launcher, keys, args, block_dims)
+
+    monkeypatch.setattr(autotune, "time_functions", fake_time_functions)
+    monkeypatch.setattr(autotune, "time_candidates", counting_time_candidates)
+    monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
+    monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
+    result = build(REPEATED, tmp_path / "out", settings=Settings.from_env(topn=2, cache_dir=cache_dir))
+    assert len(steps_timed) == 4  # (layer, head) x (example, calibration)
+    gemms = result.manifest["gemms"]
+    assert [g["winner"] for g in gemms] == ["template"] * 4
+    assert gemms[0]["timings_us"] == gemms[1]["timings_us"] == gemms[2]["timings_us"] != []
+    assert all(g["visited"] for g in gemms)
+    # ATen's tanh kernel, the layers' template kernel (3 launches per set), the head's
+    assert sorted(collections.Counter(kernels_timed).values()) == [2, 2, 2]
+    assert_native_parity(result.archive, REPEATED, tmp_path, atol=1e-5, rtol=1e-4)

@@ -9,7 +9,7 @@ import torch
 
 from aotpack import backends, candidates, gemm, parity, report
 from aotpack.config import Settings
-from aotpack.autotune import Choice, PythonModeRun
+from aotpack.autotune import Choice, PythonModeRun, gemm_twins
 from aotpack.export import export_model, load_model_file
 from aotpack.ir import CondStep, ExternCall, KernelCall
 from aotpack.lowering import lower
@@ -17,6 +17,7 @@ from aotpack.lowering import lower
 pytestmark = pytest.mark.unit
 
 ZOO = Path(__file__).resolve().parent / "models" / "gemm_zoo.py"
+REPEATED = Path(__file__).resolve().parent / "models" / "repeated_layers.py"
 ATOL, RTOL = 1e-5, 1e-4
 
 
@@ -177,3 +178,17 @@ def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):
     (record,) = tmp_path.iterdir()
     record.write_text("{not json")
     assert gemm_cache.read_all(tmp_path, graph, 2) == {}
+
+
+def test_identical_gemm_steps_are_twins_of_the_first():
+    """The three linear + tanh layers do the same work on their own weights: one key; the
+    head (another shape) and every step of the zoo (all different) are their own."""
+    graph = lower(export_model(load_model_file(REPEATED)), backends.get("cpu").dtypes)
+    keys = [s.key for s in _steps(graph)]
+    assert [s.epilogue for s in _steps(graph)] == ["tanh", "tanh", "tanh", "none"]
+    assert gemm_twins(graph) == {keys[0]: keys[0], keys[1]: keys[0], keys[2]: keys[0], keys[3]: keys[3]}
+
+
+def test_steps_that_differ_are_not_twins(zoo):
+    graph, _, _ = zoo
+    assert all(key == first for key, first in gemm_twins(graph).items())
