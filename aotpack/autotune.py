@@ -17,7 +17,7 @@ Repeated layers are timed once per input set: a kernel launched at several sites
 ``kernel_id``) is timed at its first launch in each set, and a GEMM step is timed only
 where no earlier step of the graph does the same work (``gemm_twins``: a transformer's
 identical projections, ResNet's repeated convolutions); the twins share its winner. On
-ViT-S/16 that left 6 of 26 GEMM steps to time.
+ViT-S/16 (the benchmark's 4 encoder layers) that left 8 of 26 GEMM steps to time.
 """
 from __future__ import annotations
 
@@ -367,7 +367,8 @@ class PythonModeRun:
         self.samples.clear()
         for key, (step, samples) in self.gemm_samples.items():
             # Every implementation uses the same threads; a close call goes to aotpack's own
-            # template (ranked first), its Winograd kernel, then to the others in order (ATen first): a template
+            # template (ranked first), its Winograd kernel, then to the others in order (variant 0
+            # first: ATen, or oneDNN for a convolution aotpack's kernels can run): a template
             # kernel is planned with the graph and allocates nothing per call, where an extern
             # ATen or oneDNN call allocates its output and scratch on every run, and within
             # the noise (the template is 5-10% faster than oneDNN on ResNet's convolutions)

@@ -71,7 +71,8 @@ class GemmVariant:
 
 @dataclass(eq=False)
 class GemmStep:
-    """A linear/conv2d with its epilogue, or a bmm, implemented by one of ``variants`` (0 = ATen).
+    """A linear/conv2d with its epilogue, or a bmm, implemented by one of ``variants`` (0 = ATen;
+    oneDNN for a convolution that offers aotpack kernels, see ``gemm_lowering``).
 
     ``key`` names the step in the tuning choices (``gemm:<name>``); ``shape`` describes
     it (``MxKxN`` for a linear, ``NCHW->KCRS`` for a conv, ``BxMxKxN`` for a bmm).

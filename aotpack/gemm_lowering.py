@@ -203,12 +203,23 @@ def _row_stride(parts: tuple) -> int | None:
 
 
 def _constant(lw, name: str, tensor: torch.Tensor) -> Buffer:
-    """A constant computed at build time (packed panels): shipped in the weights like any other."""
+    """A constant computed at build time (packed panels): shipped in the weights like any other.
+
+    Equal values under one name are shared (a weight read by two steps packs once); other
+    values under a name already taken (a shared batch norm after two convolutions with their
+    own biases, two linears on different slices of one bias) get ``<name>@<k>``."""
+    base, k = name, 1
+    while name in lw.constant_tensors and not _same_values(lw.constant_tensors[name], tensor):
+        name, k = f"{base}@{k}", k + 1
     if name not in lw.constant_tensors:
         lw.constants.append(Buffer(name, tuple(tensor.shape), contiguous_strides(tensor.shape), tensor.dtype,
                                    "constant"))
         lw.constant_tensors[name] = tensor
     return next(b for b in lw.constants if b.name == name)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
 def _template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:

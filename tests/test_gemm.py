@@ -172,3 +172,23 @@ def test_twin_steps_and_a_repeated_kernel_are_timed_once_per_input_set(tmp_path,
     # ATen's tanh kernel, the layers' template kernel (3 launches per set), the head's
     assert sorted(collections.Counter(kernels_timed).values()) == [2, 2, 2]
     assert_native_parity(result.archive, REPEATED, tmp_path, atol=1e-5, rtol=1e-4)
+
+
+SHARED_CONSTANTS = Path(__file__).resolve().parent / "models" / "shared_constants.py"
+
+
+def test_packed_constants_from_one_source_keep_their_own_values(tmp_path, cache_dir, monkeypatch):
+    """Linears on two slices of one bias, and a batch norm shared by two convolutions with
+    their own biases: with the templates pinned, each step packs its own bias (they once
+    shared the first one's: max abs error 46 and 13)."""
+    def template_wins(functions):
+        for fn in functions:
+            fn()
+        return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
+
+    monkeypatch.setattr(autotune, "time_functions", template_wins)
+    monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
+    monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
+    result = build(SHARED_CONSTANTS, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
+    assert [g["winner"] for g in result.manifest["gemms"]] == ["template"] * 4
+    assert_native_parity(result.archive, SHARED_CONSTANTS, tmp_path, atol=1e-5, rtol=1e-4)

@@ -2,7 +2,6 @@
 forced variant's Python-mode parity with eager (oneDNN/MKL float32: |ours - eager| <=
 1e-5 + 1e-4 * |eager|), resolution and the inspect table."""
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from aotpack import backends, candidates, gemm, parity, report
 from aotpack.config import Settings
 from aotpack.autotune import Choice, PythonModeRun, gemm_twins
 from aotpack.export import export_model, load_model_file
-from aotpack.ir import CondStep, ExternCall, KernelCall
+from aotpack.ir import ExternCall, KernelCall
 from aotpack.lowering import lower
 
 pytestmark = pytest.mark.unit

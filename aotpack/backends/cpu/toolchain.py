@@ -26,11 +26,13 @@ CXX = os.environ.get("CXX", "g++")
 #: which kernels lost was not broken down).
 KERNEL_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
                 "-fno-math-errno", "-fno-trapping-math", "-fno-exceptions", "-pipe", "-nodefaultlibs"]
-#: What a kernel links: g++'s default libraries less libstdc++, which no kernel uses (they
-#: include no C++ standard header, and -fno-exceptions drops the personality routine that
-#: OpenMP regions' terminate-on-throw cleanups would take from it). Linking libstdc++ took ~12 ms of each ~100 ms kernel
-#: compile; with -pipe (no temporary assembly file) a kernel compiles in 0.85x the time
-#: (16 MobileNetV3-Small candidates, Zen 3).
+#: What a kernel links: g++'s default libraries less libstdc++, whose symbols no kernel uses
+#: (Winograd's <utility> is header-only); -fno-exceptions drops the personality routine that
+#: OpenMP regions' terminate-on-throw cleanups would take from it. Linking libstdc++ took
+#: ~12 ms of each ~100 ms kernel compile; with -pipe (no temporary assembly file) a kernel
+#: compiles in 0.85x the time (16 MobileNetV3-Small candidates, Zen 3). Kernels use GCC's
+#: OpenMP ABI (GOMP_*), so $CXX must be g++ or a compiler emitting it (clang's -fopenmp
+#: emits libomp's __kmpc_* calls, which -lgomp does not provide).
 KERNEL_LIBS = ["-lm", "-lgomp", "-lgcc_s", "-lpthread", "-lc", "-lgcc_s"]
 #: A wrapper is glue (a kernel_key lookup and one indirect call per launch), compiled once per
 #: kernel (PGO launches through it, the archive ships it): -O0 builds it in 0.11-0.17 s against 0.17-0.26 s at
