@@ -220,6 +220,10 @@ class PythonModeRun:
         """The key ``step``'s timing and winner are kept under: its first twin's."""
         return self.gemm_twin.get(step.key, step.key)
 
+    def gemm_winner(self, step: GemmStep) -> int | None:
+        """``step``'s variant: its own replayed winner, else its first twin's; None until tuned."""
+        return self.gemm_winners.get(step.key, self.gemm_winners.get(self.gemm_key(step)))
+
     def run(self, inputs: tuple) -> list[torch.Tensor]:
         """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
         self.timed_this_set = set()
@@ -272,7 +276,7 @@ class PythonModeRun:
         """
         self.gemm_visited.add(step.key)
         key = self.gemm_key(step)
-        winner = self.gemm_winners.get(step.key, self.gemm_winners.get(key))
+        winner = self.gemm_winner(step)
         if winner is not None or len(step.variants) == 1 or key in self.timed_this_set:
             self._execute(step.variants[winner or 0].steps, env)
             return
@@ -438,8 +442,7 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
             choices[kid] = Choice(0, (), False, False)
     for step in gemm_steps(graph):  # timed now, or taken from ``recorded``
-        key = runner.gemm_key(step)
-        timings = replayed.get(step.key, runner.gemm_timings.get(key, ()))
-        choices[step.key] = Choice(runner.gemm_winners.get(step.key, runner.gemm_winners.get(key, 0)), tuple(timings),
+        timings = replayed.get(step.key, runner.gemm_timings.get(runner.gemm_key(step), ()))
+        choices[step.key] = Choice(runner.gemm_winner(step) or 0, tuple(timings),
                                    step.key in runner.gemm_visited, step.key in replayed)
     return choices, outputs

@@ -25,7 +25,7 @@ from aotpack import layout, leftovers
 
 #: zstd level of code, sources and the manifest: small and very compressible. Not 19: on
 #: MobileNetV3-Small's 3.8 MB of them level 19 took 315 ms for 133 KB, level 12 42 ms for
-#: 145 KB (0.13 % of the 9.4 MB archive); levels 15-19 cost 4-8x level 12 for the last 9 %.
+#: 145 KB (0.13 % of the 9.4 MB archive); levels 15-19 cost 4-7.5x level 12 for the last 8 %.
 ZSTD_LEVEL = 12
 #: zstd level of tensor files (``*.safetensors``): float weights barely compress (random
 #: mantissas), and a high level costs minutes per 100 MB for the same size (docs/archive.md).

@@ -43,7 +43,7 @@ def test_every_gemm_and_conv_becomes_a_step_with_its_epilogue(zoo):
         ("linear", "7x33x13", "tanh", own), ("linear", "7x13x13", "swish", own),
         ("linear", "7x13x13", "add", own), ("linear", "13x7x5", "none", linear),
         ("linear", "1x13x5", "none", own),
-        ("conv2d", "[2, 3, 9, 9]*[6, 3, 3, 3]", "relu", ["onednn", "template"]),  # no ATen: oneDNN's twin
+        ("conv2d", "[2, 3, 9, 9]*[6, 3, 3, 3]", "relu", ["onednn", "template"]),  # no ATen: oneDNN runs the same conv
     ]
     # the weights are packed once at load from the dense constants
     assert {p.op for p in graph.packed} >= {torch.ops.mkldnn._reorder_linear_weight.default,
