@@ -94,14 +94,24 @@ def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str,
     for kernel in graph.kernels:
         if kernel.kernel_id in sets:
             continue
-        candidates = shortlist(kernel, backend, limits, settings)
+        candidates, builds = backend.share_binaries(shortlist(kernel, backend, limits, settings))
         if kernel.kernel_id in replayed:
-            winner = replay.pick(backend.solve(kernel, limits, MAX_TOPN), replayed[kernel.kernel_id])
-            if winner is not None:
-                candidates = (winner,)
-            else:
-                log.warning("%s: the recorded winner %s is not a candidate any more; tuning it again",
-                            kernel.name, replayed[kernel.kernel_id].tiling_repr)
-        sources = tuple(backend.render_kernel(kernel, c) for c in candidates)
+            candidates, builds = _replayed(kernel, backend, limits, replayed[kernel.kernel_id], candidates, builds)
+        sources = tuple(backend.render_kernel(kernel, b) for b in builds)
         sets[kernel.kernel_id] = CandidateSet(kernel, candidates, sources, backend.render_wrapper(list(candidates)))
     return sets
+
+
+def _replayed(kernel: FusedKernel, backend, limits, recorded, candidates: tuple, builds: tuple) -> tuple:
+    """``(candidates, builds)`` holding only the recorded winner: as this build's shortlist
+    offers it (same binary as when it won), else as the solver's whole space does, else,
+    with a warning, the shortlist unchanged (the kernel is tuned again)."""
+    for candidate, build in zip(candidates, builds):
+        if replay.pick([candidate], recorded) is not None:
+            return (candidate,), (build,)
+    winner = replay.pick(backend.solve(kernel, limits, MAX_TOPN), recorded)
+    if winner is not None:
+        return (winner,), (winner,)
+    log.warning("%s: the recorded winner %s is not a candidate any more; tuning it again",
+                kernel.name, recorded.tiling_repr)
+    return candidates, builds

@@ -98,16 +98,35 @@ def run_parallel(jobs: list, store: cache.BinaryStore, threads: int, on_done=Non
 
     if on_done:
         on_done(0, len(jobs))
+    first, repeats = _split_repeats(jobs, store)
     if threads <= 1:
-        return sum(finished(run(job)) for job in jobs)
-    pool = ThreadPoolExecutor(max_workers=threads)
-    try:
-        return sum(finished(future.result()) for future in [pool.submit(run, job) for job in jobs])
-    except BaseException:  # an error or Ctrl-C: start no further compiles
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    finally:
-        pool.shutdown(wait=True)
+        ran = sum(finished(run(job)) for job in first)
+    else:
+        pool = ThreadPoolExecutor(max_workers=threads)
+        try:
+            ran = sum(finished(future.result()) for future in [pool.submit(run, job) for job in first])
+        except BaseException:  # an error or Ctrl-C: start no further compiles
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+    return ran + sum(finished(run(job)) for job in repeats)  # links to binaries just compiled
+
+
+def _split_repeats(jobs: list, store: cache.BinaryStore) -> tuple[list, list]:
+    """(jobs with a source of their own, jobs whose shared binary an earlier job provides):
+    candidates sharing a binary (``Backend.share_binaries``) or kernels with equal sources
+    compile once, not once per thread that happens to start them together."""
+    first, repeats, seen = [], [], set()
+    for job in jobs:
+        _, _, source, _, shared = job
+        key = store.path(source) if shared else None
+        if key is not None and key in seen:
+            repeats.append(job)
+            continue
+        seen.add(key)
+        first.append(job)
+    return first, repeats
 
 
 def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFolder], toolchain,

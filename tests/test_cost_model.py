@@ -127,3 +127,32 @@ def test_tiny_kernel_us_from_env_and_flags(monkeypatch):
     with pytest.raises(AotpackError) as error:
         Settings.from_env(tiny_kernel_us="-3")
     assert str(error.value) == "--tiny-kernel-us must be a number of microseconds >= 0, got '-3'"
+
+
+def test_candidates_that_differ_only_in_block_dim_share_one_binary(tmp_path):
+    """Backend.share_binaries: a 1-thread candidate with a 2-thread twin is rendered from the
+    twin (same source, so one compile) and takes its workspace; each keeps its own kernel_key."""
+    kernel = only_kernel(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
+    backend = backends.get("cpu")
+    wide = dataclasses.replace(tiling.solve(kernel, 2, 1)[0], block_dim=2, workspace=128)
+    narrow = dataclasses.replace(wide, block_dim=1, workspace=64)
+    other = dataclasses.replace(wide, inner_tile=wide.inner_tile // 2, block_dim=1, workspace=64)
+    shared, builds = backend.share_binaries((wide, narrow, other))
+    assert builds == (wide, wide, other)
+    assert shared == (wide, dataclasses.replace(narrow, workspace=128), other)
+    assert len({c.kernel_key for c in shared}) == 3
+    assert backend.render_kernel(kernel, builds[1]) == backend.render_kernel(kernel, wide)
+
+
+def test_prepare_renders_block_dim_twins_from_one_source(tmp_path):
+    from aotpack import candidates
+    graph = lowered_source(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
+    backend = backends.get("cpu")
+    (cs,) = candidates.prepare(graph, backend, settings(topn=10, tiny_kernel_us=0.0)).values()
+    by_threads = {}
+    for c, source in zip(cs.candidates, cs.sources):
+        by_threads.setdefault(dataclasses.replace(c, block_dim=0), {})[c.block_dim] = source
+    twins = [sources for sources in by_threads.values() if len(sources) == 2]
+    assert twins, [c.tiling_repr for c in cs.candidates]
+    assert all(sources[1] == sources[2] for sources in twins)
+    assert len(set(cs.sources)) == len(by_threads) < len(cs.candidates)

@@ -35,7 +35,8 @@ FLAGS = ["g++", "-O2", "-fPIC", "-shared", "-std=c++17"]
 WORKSPACE = 4096
 KEY = "ws0"
 NAME = "wsk"
-TILING = SimpleNamespace(kernel_key=KEY, tiling_repr="fixture;workspace=4096", workspace=WORKSPACE, block_dim=1)
+# block_dim 4: above every thread cap below, so the launch's max_threads reaches the kernel
+TILING = SimpleNamespace(kernel_key=KEY, tiling_repr="fixture;workspace=4096", workspace=WORKSPACE, block_dim=4)
 
 
 def _fixture_module():
@@ -54,10 +55,11 @@ def compile_kernel(kernel_dir: Path, *defines: str) -> Path:
     return out
 
 
-def compile_wrapper(kernel_dir: Path) -> Path:
-    """The generated wrapper of the one TILING (workspace 4096) -> kernel_dir/wrapper.so."""
+def compile_wrapper(kernel_dir: Path, tilings=(TILING,)) -> Path:
+    """The generated wrapper of ``tilings`` (default: the one TILING, workspace 4096) ->
+    kernel_dir/wrapper.so."""
     source = kernel_dir / layout.WRAPPER_SOURCE_NAME
-    source.write_text(render("cpu_wrapper.cpp.j2", candidates=[TILING]))
+    source.write_text(render("cpu_wrapper.cpp.j2", candidates=list(tilings)))
     out = kernel_dir / layout.WRAPPER_NAME
     subprocess.run([*FLAGS, str(source), "-o", str(out), "-ldl"], check=True)
     return out
@@ -108,7 +110,7 @@ def test_ctypes_layout_matches_the_compiler(tmp_path):
 
 
 def test_python_launcher_allocates_the_declared_workspace(launcher):
-    assert launcher.tiling_info(KEY) == launch_abi.TilingInfo("fixture;workspace=4096", WORKSPACE, 1)
+    assert launcher.tiling_info(KEY) == launch_abi.TilingInfo("fixture;workspace=4096", WORKSPACE, 4)
     seed, probe, args = probe_args(7)
     launcher.launch(KEY, args)
     assert probe.tolist() == [WORKSPACE, 0, expected_sum(7), 3]
@@ -116,6 +118,28 @@ def test_python_launcher_allocates_the_declared_workspace(launcher):
     launcher.launch(KEY, args)  # the same workspace, written again
     assert probe.tolist() == [WORKSPACE, 0, expected_sum(200), 3]
     launcher.release(KEY)
+
+
+def test_wrapper_caps_each_launch_at_its_candidates_block_dim(tmp_path):
+    """Candidates that differ only in block_dim share one binary (Backend.share_binaries):
+    the wrapper lowers max_threads to the launched candidate's block_dim."""
+    binary = compile_kernel(tmp_path)
+    one_thread = SimpleNamespace(**{**vars(TILING), "kernel_key": "ws1", "block_dim": 1})
+    shared = tmp_path / layout.STATIC_KERNEL_DIR / "ws1" / layout.LIB_KERNEL_NAME
+    shared.parent.mkdir(parents=True)
+    os.link(binary, shared)
+    wrapper = compile_wrapper(tmp_path, (TILING, one_thread))
+    threads = {}
+    for cap in (0, 3):
+        launcher = launch_abi.WrapperLauncher(ctypes.CDLL(str(wrapper), mode=ctypes.RTLD_LOCAL), "kernel wsk",
+                                              max_threads=cap)
+        assert launcher.init(tmp_path) == 2
+        for key in (KEY, "ws1"):
+            seed, probe, args = probe_args(5)
+            launcher.launch(key, args)
+            assert probe.tolist()[:3] == [WORKSPACE, 0, expected_sum(5)]
+            threads[cap, key] = probe.tolist()[3]
+    assert threads == {(0, KEY): 4, (0, "ws1"): 1, (3, KEY): 3, (3, "ws1"): 1}
 
 
 def test_wrapper_refuses_bad_launches(launcher):

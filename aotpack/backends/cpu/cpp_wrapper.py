@@ -270,15 +270,19 @@ class RunEmitter:
             return f"arg_tensor({self.tensor_ref(value)})"
         if kind == "tensor_list":
             refs = ["nullptr" if p is None else f"{self.tensor_ref(p)}.get()" for p in value]
+            if not refs:
+                return "arg_tensors(nullptr, 0)"
             tmp = self._tmp()
-            self.lines.append(f"const std::vector<AotpackTensor> {tmp} = {{{', '.join(refs)}}};")
-            return f"arg_tensors({tmp})"
+            self.lines.append(f"const AotpackTensor {tmp}[] = {{{', '.join(refs)}}};")
+            return f"arg_tensors({tmp}, {len(refs)})"
         if kind in ("int_list", "bool_list"):
             return f"arg_ints({self.ints.ref(value)}, {len(value)}, AOTPACK_ARG_{kind.upper()})"
         if kind == "double_list":
+            if not value:
+                return "arg_doubles(nullptr, 0)"
             tmp = self._tmp()
-            self.lines.append(f"const std::vector<double> {tmp} = {{{', '.join(repr(float(v)) for v in value)}}};")
-            return f"arg_doubles({tmp})"
+            self.lines.append(f"const double {tmp}[] = {{{', '.join(repr(float(v)) for v in value)}}};")
+            return f"arg_doubles({tmp}, {len(value)})"
         if kind == "none":
             return "arg_none()"
         if kind == "int":

@@ -86,7 +86,9 @@ typedef struct AotpackKernelLaunch {
   /** \brief Size of `workspace` in bytes. */
   uint64_t workspace_bytes;
   /** \brief Cap on the threads (CPU) or cores the kernel may use: 0 = the tiling's own
-   *  block_dim, n > 0 = min(n, block_dim). The runtime passes its device limit here. */
+   *  block_dim, n > 0 = min(n, block_dim). The runtime passes its device limit here; a
+   *  wrapper lowers it to the launched candidate's block_dim (candidates that differ only
+   *  in block_dim share one binary, rendered for the most threads). */
   int32_t max_threads;
 } AotpackKernelLaunch;
 
