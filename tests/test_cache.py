@@ -120,7 +120,7 @@ def test_archive_ships_the_pgo_wrapper_of_every_kernel(tmp_path):
                if (w.parent / "static_kernel" / k["kernel_key"]).is_dir()]
         assert members[layout.wrapper_path(k["name"])] in pgo
         source = members[layout.wrapper_source_path(k["name"])].decode()
-        assert len(k["candidate_tilings"]) == 3 and all(f'"{t}"' in source for t in k["candidate_tilings"])
+        assert len(k["candidate_tilings"]) == 3 and all(f'|{t}|' in source for t in k["candidate_tilings"])
         assert sorted(p for p in members if p.startswith(f"kernels/{k['name']}/static_kernel/")) == sorted([
             k["lib_kernel"], layout.lib_kernel_source_path(k["name"], k["kernel_key"])])
     assert not list(cache.glob("cpu/*/*/ship"))

@@ -21,7 +21,7 @@ import pytest
 
 from aotpack import layout
 from aotpack.backends.cpu import cpp_wrapper
-from aotpack.backends.cpu import launch_abi
+from aotpack.backends.cpu import launch_abi, wrapper_slot
 from aotpack.errors import AotpackError
 from aotpack.render import render
 
@@ -59,7 +59,7 @@ def compile_wrapper(kernel_dir: Path, tilings=(TILING,)) -> Path:
     """The generated wrapper of ``tilings`` (default: the one TILING, workspace 4096) ->
     kernel_dir/wrapper.so."""
     source = kernel_dir / layout.WRAPPER_SOURCE_NAME
-    source.write_text(render("cpu_wrapper.cpp.j2", candidates=list(tilings)))
+    source.write_text(wrapper_slot.render(list(tilings)))
     out = kernel_dir / layout.WRAPPER_NAME
     subprocess.run([*FLAGS, str(source), "-o", str(out), "-ldl"], check=True)
     return out
@@ -262,3 +262,63 @@ def test_profile_table_counts_every_launch(tmp_path, kernel_dir):
     quiet = subprocess.run(command, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "AOTPACK_PROFILE": "0"})
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def _two_tilings():
+    return (TILING, SimpleNamespace(**{**vars(TILING), "kernel_key": "ws1", "tiling_repr": "fixture;b", "block_dim": 1}))
+
+
+def _launcher(wrapper: Path) -> launch_abi.WrapperLauncher:
+    return launch_abi.WrapperLauncher(ctypes.CDLL(str(wrapper), mode=ctypes.RTLD_LOCAL), "kernel wsk")
+
+
+def test_a_patched_wrapper_matches_its_compiled_source(tmp_path):
+    """The toolchain writes each wrapper's map into one slot binary (wrapper_slot): the
+    result reports and launches like the wrapper compiled from the source it ships."""
+    from aotpack.backends.cpu.toolchain import CpuToolchain
+    source = tmp_path / "wrapper.cpp"
+    source.write_text(wrapper_slot.render(list(_two_tilings())))
+    toolchain = CpuToolchain("native", slot_dir=tmp_path / "binaries")
+    for variant in ("patched", "compiled"):
+        (tmp_path / variant).mkdir()
+    toolchain.compile_wrapper(source, tmp_path / "patched" / layout.WRAPPER_NAME)
+    CpuToolchain("native").compile_wrapper(source, tmp_path / "compiled" / layout.WRAPPER_NAME)
+    (slot,) = (tmp_path / "binaries").glob("*/lib.so")
+    patched = (tmp_path / "patched" / layout.WRAPPER_NAME).read_bytes()
+    assert len(patched) == slot.stat().st_size and wrapper_slot.MARKER.encode() not in patched
+    for variant in ("patched", "compiled"):
+        folder = tmp_path / variant
+        compile_kernel(folder)
+        launcher = _launcher(folder / layout.WRAPPER_NAME)
+        assert launcher.init(folder) == 1  # ws1's kernel.so is absent, as in a shipped archive
+        assert launcher.tiling_info(KEY) == launch_abi.TilingInfo("fixture;workspace=4096", WORKSPACE, 4)
+        assert launcher.tiling_info("ws1") == launch_abi.TilingInfo("fixture;b", WORKSPACE, 1)
+        seed, probe, args = probe_args(9)
+        launcher.launch(KEY, args)
+        assert probe.tolist() == [WORKSPACE, 0, expected_sum(9), 4]
+
+
+def test_a_wrapper_with_a_malformed_map_refuses_to_init(tmp_path):
+    from aotpack.backends.cpu.toolchain import CpuToolchain
+    source = tmp_path / "wrapper.cpp"
+    source.write_text(wrapper_slot.render([TILING]))
+    CpuToolchain("native", slot_dir=tmp_path / "binaries").compile_wrapper(source, tmp_path / "w.so")
+    good = (tmp_path / "w.so").read_bytes()
+    line = f"{KEY}|fixture;workspace=4096|{WORKSPACE}|4\n".encode()
+    assert good.count(line) == 1
+    for bad in (f"{KEY}|fixture|4096\n", f"{KEY}|fixture|4096|x\n", f"{KEY}|fixture|4096|0\n"):
+        damaged = tmp_path / f"bad{len(list(tmp_path.glob('bad*')))}.so"
+        damaged.write_bytes(good.replace(line, bad.encode().ljust(len(line), b"\0")))
+        with pytest.raises(AotpackError) as info:
+            _launcher(damaged).init(tmp_path)
+        assert str(info.value) == "kernel wsk: init failed: this wrapper's tiling map is malformed (a damaged wrapper.so)"
+
+
+def test_only_a_wrapper_of_the_slots_template_is_patched():
+    slot = wrapper_slot.slot_source()
+    source = wrapper_slot.render([TILING])
+    assert wrapper_slot.patched(b"\0" + wrapper_slot.MARKER.encode() + b"\0" * wrapper_slot.MAP_BYTES, source, slot)
+    assert wrapper_slot.patched(b"x", source, slot) is None                       # no marker in the binary
+    assert wrapper_slot.patched(b"\0" * 8, source.replace("kCount = 0", "kCount = 1"), slot) is None
+    with pytest.raises(AotpackError, match="cannot go into a wrapper's map"):
+        wrapper_slot.map_text([SimpleNamespace(**{**vars(TILING), "tiling_repr": 'a"b'})])

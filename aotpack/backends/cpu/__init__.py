@@ -8,7 +8,7 @@ Files: ``tiling`` (TopN solver), ``gemm_template`` / ``conv_template``,
 ``depthwise_template``, ``bmm_template``, ``winograd_template`` (the GEMM, convolution,
 depthwise convolution, batched GEMM and Winograd 3x3 convolution templates' tilings and sources), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
 ``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
-launcher), ``cpp_wrapper`` (model.cpp).
+launcher), ``cpp_wrapper`` (model.cpp), ``wrapper_slot`` (per-kernel wrappers from one binary).
 """
 from __future__ import annotations
 
@@ -19,13 +19,12 @@ from pathlib import Path
 from aotpack import cache
 from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
-                                  gemm_template, tiling, winograd_template)
+                                  gemm_template, tiling, winograd_template, wrapper_slot)
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
 from aotpack.kernel_ir import BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
-from aotpack.render import render
 
 
 #: Kernel kinds with a template of their own: each module has ``solve``, ``estimate_us``
@@ -82,10 +81,12 @@ class CpuBackend(Backend):
         return render_kernel(kernel, candidate)
 
     def render_wrapper(self, candidates: list) -> str:
-        return render("cpu_wrapper.cpp.j2", candidates=candidates)
+        return wrapper_slot.render(candidates)
 
     def toolchain(self, settings) -> CpuToolchain:
-        return CpuToolchain(settings.target_isa)
+        """The compiler driver; its wrappers come from one slot binary in the build cache's
+        binary store (``wrapper_slot``)."""
+        return CpuToolchain(settings.target_isa, slot_dir=settings.cache_dir / self.name / "binaries")
 
     def load_wrapper(self, wrapper: Path, kernel_dir: Path, name: str) -> CpuLauncher:
         return CpuLauncher(wrapper, kernel_dir, name)

@@ -12,10 +12,12 @@ import functools
 import os
 import re
 import subprocess
+import threading
 from pathlib import Path
 
-from aotpack import leftovers
+from aotpack import cache, leftovers
 from aotpack.backends.base import Toolchain
+from aotpack.backends.cpu import wrapper_slot
 from aotpack.errors import AotpackError
 from aotpack.render import include_dir
 
@@ -35,7 +37,8 @@ KERNEL_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
 #: emits libomp's __kmpc_* calls, which -lgomp does not provide).
 KERNEL_LIBS = ["-lm", "-lgomp", "-lgcc_s", "-lpthread", "-lc", "-lgcc_s"]
 #: A wrapper is glue (a kernel_key lookup and one indirect call per launch), compiled once per
-#: kernel (PGO launches through it, the archive ships it): -O0 builds it in 0.11-0.17 s against 0.17-0.26 s at
+#: toolchain (wrapper_slot: each kernel's map is written into that binary; PGO launches through
+#: it, the archive ships it): -O0 builds it in 0.11-0.17 s against 0.17-0.26 s at
 #: -O2 (mobilenetv3_small: 130 wrappers) and costs 10 ns more per launch (19 against 9 ns
 #: through dlopen, a no-op kernel), under 1 us per run for a 73-launch model.
 WRAPPER_FLAGS = ["-O0", "-fPIC", "-shared", "-std=c++17", "-pipe", "-nodefaultlibs"]
@@ -139,8 +142,12 @@ def compile_so(cmd_prefix: list[str], source: Path, output: Path, libs: list[str
 class CpuToolchain(Toolchain):
     """g++ (or ``$CXX``) with ``-march=<march>`` for kernels."""
 
-    def __init__(self, march: str):
+    def __init__(self, march: str, slot_dir: Path | None = None):
+        """``slot_dir``: the binary store holding the wrapper slot (``wrapper_slot``); None
+        compiles every wrapper."""
         self.march = march
+        self.slot_dir = slot_dir
+        self._slot_lock = threading.Lock()
 
     def _prefix(self, kind: str) -> list[str]:
         if kind == "kernel":
@@ -174,7 +181,25 @@ class CpuToolchain(Toolchain):
         self._compile(source, output, "kernel")
 
     def compile_wrapper(self, source: Path, output: Path) -> None:
-        self._compile(source, output, "wrapper")
+        """wrapper.so of ``source``: the slot binary with its map written in
+        (``wrapper_slot.patched``), else a compile."""
+        binary = self._patched_wrapper(source.read_text()) if self.slot_dir is not None else None
+        if binary is None:
+            self._compile(source, output, "wrapper")
+            return
+        cache.write_atomic(output, binary)
+
+    def _patched_wrapper(self, source: str) -> bytes | None:
+        slot = wrapper_slot.slot_source()
+        with self._slot_lock:  # the first wrapper compiles the slot, the others wait for it
+            stored = cache.BinaryStore(self.slot_dir, self.fingerprint())
+            path = stored.path(slot)
+            if not cache.is_current(path, path.with_name("source.cpp"), slot):
+                leftovers.remove_dead(path.parent)
+                cache.write_atomic(path.with_name("source.cpp"), slot)
+                self._compile(path.with_name("source.cpp"), path, "wrapper")
+                cache.record(path)
+        return wrapper_slot.patched(path.read_bytes(), source, slot)
 
     def compile_model(self, source: Path, output: Path) -> None:
         """Compile model.cpp (it includes model_abi.h and kernel_abi.h) into model.so."""
