@@ -219,6 +219,8 @@ CASES = [  # x shape, C_out, kernel, stride, padding, dilation, epilogue, bias, 
     # strided lanes (the strided cases above have them too): a 4x4 patchify (16 phases, no
     # dropped column), a 2x2 stride 2 padding rows only, batch 2; stride 3 (a 3x3 phase grid)
     ((1, 3, 16, 20), 12, (4, 4), (4, 4), (0, 0), (1, 1), "sigmoid", True, 0, 0),
+    # a wide patchify (ViT's 16x16): its NCHW tiling unrolls 4 of a row's 10 taps at a time
+    ((1, 3, 20, 30), 16, (10, 10), (10, 10), (0, 0), (1, 1), "none", True, 0, 0),
     ((2, 4, 11, 9), 10, (2, 2), (2, 2), (1, 0), (1, 1), "relu", True, 0, 0),
     ((1, 5, 14, 17), 16, (3, 3), (3, 3), (1, 1), (1, 1), "add", True, 0, 1),
     # rows (staged rows; up to 4 channels): 100 output columns (48-wide tiles: 48 + 48 + 4;
