@@ -104,7 +104,7 @@ def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str,
 
 def _replayed(kernel: FusedKernel, backend, limits, recorded, candidates: tuple, builds: tuple) -> tuple:
     """``(candidates, builds)`` holding only the recorded winner: as this build's shortlist
-    offers it (same binary as when it won), else as the solver's whole space does, else,
+    offers it (the binary it shares there), else as the solver's whole space does, else,
     with a warning, the shortlist unchanged (the kernel is tuned again)."""
     for candidate, build in zip(candidates, builds):
         if replay.pick([candidate], recorded) is not None:

@@ -313,8 +313,10 @@ def _export_one_pass(model_file: ModelFile) -> torch.export.ExportedProgram | No
 
     ``torch.export.export`` traces to the training IR and ``run_decompositions`` traces
     that again; torch's non-strict aot-dispatch export applies the decomposition table
-    during its one trace. Same kernels and IR on the pinned models, 0.55-0.8x the export
-    time (MobileNetV3-Small 1.42 -> 1.15 s, llama_tiny 0.87-1.1 -> 0.45-0.56 s, Zen 3);
+    during its one trace, holding the composite ops the table keeps whole (SDPA, upsample)
+    as ``run_decompositions`` does. Same kernel IR (``tests/test_export_one_pass.py``), ~0.6x
+    the export time (MobileNetV3-Small 1.6-1.7 -> 1.0 s, transformer_block 0.48-0.53 ->
+    0.29 s; ViT-S/16 level, Zen 3);
     it leaves out the no-op ``_assert_tensor_metadata`` checks of ``.to()`` and the constants
     only they read. A module with tied weights, and a program that updates buffers or
     inputs in place or has data-dependent shapes, takes the two-pass path (see below).
@@ -322,13 +324,18 @@ def _export_one_pass(model_file: ModelFile) -> torch.export.ExportedProgram | No
     if not torch.__version__.startswith(ONE_PASS_TORCH) or _has_tied_tensors(model_file.module):
         return None
     from torch.export import _trace
+    from torch.export.exported_program import (_override_composite_implicit_decomp,
+                                                _split_decomp_table_to_cia_and_python_decomp)
     module = copy.deepcopy(model_file.module).eval()
     inputs = tuple(t.clone() for t in model_file.example_inputs)
+    # as run_decompositions does: composite ops the table keeps (SDPA, interpolate's
+    # upsample) stay whole instead of being broken up by the dispatcher
+    composite, python = _split_decomp_table_to_cia_and_python_decomp(decomposition_table())
     with _ONE_PASS_LOCK:  # the table goes in through a module attribute of torch's
         original = _trace._export_to_aten_ir
-        _trace._export_to_aten_ir = functools.partial(original, decomp_table=decomposition_table())
+        _trace._export_to_aten_ir = functools.partial(original, decomp_table=python)
         try:
-            with torch.no_grad(), captured_torch_output():
+            with torch.no_grad(), captured_torch_output(), _override_composite_implicit_decomp(composite):
                 ep = _trace._export(module, inputs, strict=False, pre_dispatch=False)
         except Exception:  # noqa: BLE001 - the public path reports it
             return None

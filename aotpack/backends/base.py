@@ -129,8 +129,8 @@ class Backend(ABC):
         per candidate the tiling its binary is rendered from.
 
         A backend whose kernels take ``block_dim`` at launch time renders candidates that
-        differ only in ``block_dim`` from one tiling, so they share one binary (their
-        ``workspace`` becomes that tiling's). Default: every candidate is its own build.
+        differ only in ``block_dim`` from one tiling, so they share one binary. Default:
+        every candidate is its own build.
         """
         return candidates, candidates
 
