@@ -94,7 +94,8 @@ def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str,
     for kernel in graph.kernels:
         if kernel.kernel_id in sets:
             continue
-        candidates, builds = backend.share_binaries(shortlist(kernel, backend, limits, settings))
+        candidates = shortlist(kernel, backend, limits, settings)
+        builds = backend.share_binaries(candidates)
         if kernel.kernel_id in replayed:
             candidates, builds = _replayed(kernel, backend, limits, replayed[kernel.kernel_id], candidates, builds)
         sources = tuple(backend.render_kernel(kernel, b) for b in builds)

@@ -163,3 +163,30 @@ def test_one_compile_thread_runs_one_compiler_at_a_time(tmp_path, monkeypatch):
     settings = Settings.from_env(topn=3, cache_dir=tmp_path / "cache")
     build(SAMPLES / "mlp.py", tmp_path / "out", settings=settings)
     assert most[0] == 1 and kinds.count("model") == 1 and kinds.count("kernel") > 1
+
+
+def test_jobs_with_one_source_compile_once(tmp_path):
+    """Candidates sharing a binary (Backend.share_binaries) are jobs with equal sources: the
+    first compiles into the binary store, the others link to it after the parallel pool."""
+    import time
+    from threading import Lock
+    from aotpack import cache
+    from aotpack.compile import run_parallel
+    compiled, lock = [], Lock()
+
+    def compile_fn(source, output):
+        with lock:
+            compiled.append(source)
+        time.sleep(0.2)  # long enough that two threads would start the same source together
+        output.write_bytes(b"binary of " + source.read_bytes())
+
+    store = cache.BinaryStore(tmp_path / "binaries", "fingerprint")
+    jobs = [(compile_fn, tmp_path / f"k{i}" / "kernel.cpp", "same source", tmp_path / f"k{i}" / "kernel.so", True)
+            for i in range(3)]
+    jobs.append((compile_fn, tmp_path / "k3" / "kernel.cpp", "other source", tmp_path / "k3" / "kernel.so", True))
+    done = []
+    assert run_parallel(jobs, store, threads=2, on_done=lambda d, total: done.append((d, total))) == 2
+    assert len(compiled) == 2
+    assert [(tmp_path / f"k{i}" / "kernel.so").read_bytes() for i in range(4)] == [b"binary of same source"] * 3 + [
+        b"binary of other source"]
+    assert done[-1] == (4, 4)

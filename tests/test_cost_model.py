@@ -131,18 +131,17 @@ def test_tiny_kernel_us_from_env_and_flags(monkeypatch):
 
 def test_candidates_that_differ_only_in_block_dim_share_one_binary(tmp_path):
     """Backend.share_binaries: a 1-thread candidate with a 2-thread twin of the same workspace
-    is rendered from the twin (same source, so one compile); candidates are unchanged (own
-    kernel_key); a twin whose workspace differs (per-thread scratch) is compiled apart."""
+    is rendered from the twin (same source, so one compile), each keeping its own kernel_key;
+    a twin whose workspace differs (per-thread scratch) is compiled apart."""
     kernel = only_kernel(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
     backend = backends.get("cpu")
     wide = dataclasses.replace(tiling.solve(kernel, 2, 1)[0], block_dim=2, workspace=128)
     narrow = dataclasses.replace(wide, block_dim=1)
     other = dataclasses.replace(wide, inner_tile=wide.inner_tile // 2, block_dim=1)
     per_thread = dataclasses.replace(wide, block_dim=1, workspace=64)
-    shared, builds = backend.share_binaries((wide, narrow, other, per_thread))
-    assert shared == (wide, narrow, other, per_thread)
+    builds = backend.share_binaries((wide, narrow, other, per_thread))
     assert builds == (wide, wide, other, per_thread)
-    assert len({c.kernel_key for c in shared}) == 4
+    assert len({c.kernel_key for c in (wide, narrow, other, per_thread)}) == 4
     assert backend.render_kernel(kernel, builds[1]) == backend.render_kernel(kernel, wide)
 
 

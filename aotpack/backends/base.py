@@ -124,15 +124,15 @@ class Backend(ABC):
         are compiled, ``--cost-model``); None when the backend has no model."""
         return None
 
-    def share_binaries(self, candidates: tuple) -> tuple[tuple, tuple]:
-        """``(candidates, builds)``: the candidates as they are compiled and launched, and
-        per candidate the tiling its binary is rendered from.
+    def share_binaries(self, candidates: tuple) -> tuple:
+        """Per candidate, the tiling its binary is rendered from (the candidates themselves
+        are compiled for, launched and keyed as they are).
 
         A backend whose kernels take ``block_dim`` at launch time renders candidates that
         differ only in ``block_dim`` from one tiling, so they share one binary. Default:
         every candidate is its own build.
         """
-        return candidates, candidates
+        return candidates
 
     @abstractmethod
     def render_kernel(self, kernel, candidate: Candidate) -> str:

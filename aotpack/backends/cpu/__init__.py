@@ -57,21 +57,21 @@ class CpuBackend(Backend):
             return template.estimate_us(kernel, candidate)
         return cost_model.estimate_us(kernel, candidate, self.target(settings)["features"])
 
-    def share_binaries(self, candidates: tuple) -> tuple[tuple, tuple]:
+    def share_binaries(self, candidates: tuple) -> tuple:
         """Candidates that differ only in ``block_dim`` share the binary of the one with the
         most threads: every kernel already caps its OpenMP threads at the launch's
         ``max_threads``, and the wrapper caps each launch at its candidate's own
-        ``block_dim``, so one compile serves them all (12 of transformer_block's 42 kernel
+        ``block_dim``, so one compile serves them all (11 of transformer_block's 42 kernel
         compiles at ``--topn 3``). Only where their workspace is the same: a per-thread
         workspace (depthwise, staged convolution, packed bmm) would change the narrow
         candidate's workspace and so its ``kernel_key``, which ``--tuning-from`` and the
-        tuning cache match on. Candidates are returned unchanged."""
+        tuning cache match on."""
         widest: dict = {}
         for c in candidates:
             key = dataclasses.replace(c, block_dim=0)
             if key not in widest or c.block_dim > widest[key].block_dim:
                 widest[key] = c
-        return candidates, tuple(widest[dataclasses.replace(c, block_dim=0)] for c in candidates)
+        return tuple(widest[dataclasses.replace(c, block_dim=0)] for c in candidates)
 
     def render_kernel(self, kernel, candidate) -> str:
         template = TEMPLATES.get(type(kernel))
