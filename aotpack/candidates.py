@@ -7,7 +7,10 @@ source holding all their ``TilingInfo``. Kernels with the same ``kernel_id`` (re
 layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
 
 Tiny kernels (``_is_tiny``) compile only their candidate 0 (the default tiling, or the
-cost model's best).
+cost model's best). So do the runners-up of a GEMM step (``_runners_up``): an aotpack kernel
+variant (a direct convolution beside a Winograd one) whose best estimate is
+``RUNNER_UP_FACTOR`` times another variant's. PGO still times its candidate 0 against the
+leader, so a wrong estimate costs the runner-up its tiling variations, not the race.
 """
 from __future__ import annotations
 
@@ -15,11 +18,18 @@ import logging
 import math
 from dataclasses import dataclass
 
-from aotpack import replay
+from aotpack import gemm, replay
 from aotpack.config import MAX_TOPN
+from aotpack.ir import KernelCall
 from aotpack.kernel_ir import FusedKernel
 
 log = logging.getLogger("aotpack")
+
+#: A GEMM step's aotpack kernel variant estimated this many times slower than the step's best
+#: compiles only its candidate 0. ResNet-18's 3x3 convolutions of 64-256 channels: the direct
+#: template estimated 1.5-1.6x Winograd's time, measured 1.4-1.6x (Zen 3, 2 threads); its
+#: 12 other candidates were 1.1 s of a 10.5 s cold build, and none won.
+RUNNER_UP_FACTOR = 1.3
 
 
 @dataclass(frozen=True)
@@ -89,18 +99,52 @@ def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str,
     winner as its only candidate, when the solver still offers it.
     """
     limits = backend.limits(settings)
+    shortlists = {}
+    for kernel in graph.kernels:
+        if kernel.kernel_id not in shortlists:
+            shortlists[kernel.kernel_id] = (kernel, shortlist(kernel, backend, limits, settings))
+    behind = _runners_up(graph, backend, settings, shortlists)
     sets: dict[str, CandidateSet] = {}
     replayed = replayed or {}
-    for kernel in graph.kernels:
-        if kernel.kernel_id in sets:
-            continue
-        candidates = shortlist(kernel, backend, limits, settings)
+    for kernel, candidates in shortlists.values():
+        if kernel.kernel_id in behind:
+            candidates = candidates[:1]
         builds = backend.share_binaries(candidates)
         if kernel.kernel_id in replayed:
             candidates, builds = _replayed(kernel, backend, limits, replayed[kernel.kernel_id], candidates, builds)
         sources = tuple(backend.render_kernel(kernel, b) for b in builds)
         sets[kernel.kernel_id] = CandidateSet(kernel, candidates, sources, backend.render_wrapper(list(candidates)))
     return sets
+
+
+def _runners_up(graph, backend, settings, shortlists: dict) -> set[str]:
+    """kernel_ids of the GEMM steps' aotpack kernel variants (``gemm.OWN_KERNEL_RANKS``) whose
+    best estimated time is at least ``RUNNER_UP_FACTOR`` times another such variant's of each
+    step they are in. Steps whose variants the backend cannot estimate keep all candidates."""
+    if settings.topn <= 1:
+        return set()
+    behind: dict[str, bool] = {}
+    for step in gemm.gemm_steps(graph):
+        estimates = {}
+        for variant in step.variants:
+            kernels = [s.kernel for s in variant.steps if isinstance(s, KernelCall)]
+            if variant.name in gemm.OWN_KERNEL_RANKS and len(kernels) == 1:
+                kernel, candidates = shortlists[kernels[0].kernel_id]
+                estimates[kernel.kernel_id] = _best_estimate(kernel, candidates, backend, settings)
+        if len(estimates) < 2 or None in estimates.values():
+            continue
+        best = min(estimates.values())
+        for kid, estimate in estimates.items():
+            behind[kid] = behind.get(kid, True) and estimate >= RUNNER_UP_FACTOR * best
+    if any(behind.values()):
+        log.info("compiling only candidate 0 of %d GEMM-step kernels estimated %gx slower than another "
+                 "variant of their step", sum(behind.values()), RUNNER_UP_FACTOR)
+    return {kid for kid, is_behind in behind.items() if is_behind}
+
+
+def _best_estimate(kernel, candidates: tuple, backend, settings) -> float | None:
+    estimates = [backend.estimate_us(kernel, c, settings) for c in candidates]
+    return None if None in estimates else min(estimates)
 
 
 def _replayed(kernel: FusedKernel, backend, limits, recorded, candidates: tuple, builds: tuple) -> tuple:

@@ -57,7 +57,7 @@ def write(debug_dir: Path, name: str, graph, compiled: dict, toolchain, backend_
         for index, (candidate, source) in enumerate(zip(cs.candidates, cs.sources)):
             rel = Path("static_kernel") / candidate.kernel_key
             cache.write_atomic(folder / rel / "kernel.cpp", source)
-            commands.append(shlex.join(toolchain.command(rel / "kernel.cpp", rel / "kernel.so", "kernel")))
+            commands.append(shlex.join(toolchain.command(rel / "kernel.cpp", rel / "kernel.so", "kernel", source)))
         cache.write_atomic(folder / "wrapper.cpp", cs.wrapper_source)
         commands.append(shlex.join(toolchain.command(Path("wrapper.cpp"), Path("wrapper.so"), "wrapper")))
         cache.write_atomic(folder / "compile.sh", "\n".join(commands) + "\n")

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from aotpack import autotune, gemm_cache, gemm_match, layout, reader
 from aotpack.backends.cpu import conv_template
 from aotpack.backends.cpu.conv_template import ConvTiling
+from aotpack.backends.cpu.toolchain import KERNEL_FLAGS, O2_MARK, CpuToolchain, kernel_flags
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.export import export_model, load_model_file
@@ -152,6 +153,20 @@ def test_tilings_default_first_unique_with_their_workspace():
     shallow = conv_template.solve(_kernel((1, 16, 12, 12), 16), 2)  # K = 144: lanes first
     assert [(o.layout, o.workspace) for o in shallow[:2]] == [("lanes", 16 * 14 * 14 * 4), ("nchw", 16 * 14 * 14 * 4)]
     assert shallow[0].tiling_repr == "cpu_conv;block_dim=1;mr=4;mc=24;kc=16;layout=lanes;nr=24"
+
+
+@pytest.mark.unit
+def test_only_the_direct_template_compiles_at_o2(tmp_path):
+    conv = _kernel((1, 16, 12, 12), 32)
+    by_layout = {t.layout: t for t in conv_template.solve(conv, 2)}
+    chain = CpuToolchain("x86-64")
+    for layout, level in (("nchw", "-O2"), ("nhwc", "-O2"), ("lanes", "-O3")):
+        source = conv_template.render_kernel(conv, by_layout[layout])
+        flags = chain.command(tmp_path / "kernel.cpp", tmp_path / "kernel.so", "kernel", source)
+        assert [f for f in flags if f.startswith("-O")] == [level], layout
+    # the mark counts only in the leading comment: a kernel cannot be talked into -O2 by its body
+    assert kernel_flags(f"// a kernel\nint x;\n{O2_MARK}\n") == KERNEL_FLAGS
+    assert kernel_flags(f"// a kernel\n{O2_MARK}\nint x;\n")[0] == "-O2"
 
 
 @pytest.mark.unit

@@ -191,3 +191,64 @@ def test_identical_gemm_steps_are_twins_of_the_first():
 def test_steps_that_differ_are_not_twins(zoo):
     graph, _, _ = zoo
     assert all(key == first for key, first in gemm_twins(graph).items())
+
+
+WINOGRAD_AND_DIRECT = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(64, 64, 3, 1, 1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def model():
+    torch.manual_seed(0)
+    return Block().eval()
+
+
+def example_inputs():
+    return (torch.randn(1, 64, 56, 56),)
+"""
+
+
+class _FlatEstimates:
+    """The CPU backend, except that every candidate is estimated at 100 us."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def estimate_us(self, kernel, candidate, settings):
+        return 100.0
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+def test_the_runner_up_variant_of_a_step_compiles_only_its_candidate_0(tmp_path):
+    """A 64-channel 3x3 convolution at 56x56: the direct template is estimated ~1.5x Winograd's
+    time (>= RUNNER_UP_FACTOR), so it compiles only candidate 0 while Winograd keeps its TopN;
+    with equal estimates or at --topn 1, nothing is cut."""
+    path = tmp_path / "winograd_and_direct.py"
+    path.write_text(WINOGRAD_AND_DIRECT)
+    cpu = backends.get("cpu")
+    graph = lower(export_model(load_model_file(path)), cpu.dtypes)
+    (step,) = _steps(graph)
+    assert [v.name for v in step.variants] == ["onednn", "template", "winograd"]
+    direct, winograd = (v.steps[0].kernel.kernel_id for v in step.variants[1:])
+    settings = Settings.from_env(topn=3, tiny_kernel_us=0.0)
+    limits = cpu.limits(settings)
+    estimates = {kid: min(cpu.estimate_us(k, c, settings) for c in candidates.shortlist(k, cpu, limits, settings))
+                 for kid, k in ((direct, step.variants[1].steps[0].kernel), (winograd, step.variants[2].steps[0].kernel))}
+    assert estimates[direct] >= candidates.RUNNER_UP_FACTOR * estimates[winograd]
+    sets = candidates.prepare(graph, cpu, settings)
+    assert (len(sets[direct].candidates), len(sets[winograd].candidates)) == (1, 3)
+    assert sets[direct].candidates[0] == candidates.shortlist(step.variants[1].steps[0].kernel, cpu, limits, settings)[0]
+    flat = candidates.prepare(graph, _FlatEstimates(cpu), settings)
+    assert (len(flat[direct].candidates), len(flat[winograd].candidates)) == (3, 3)
+    single = candidates.prepare(graph, cpu, Settings.from_env(topn=1, tiny_kernel_us=0.0))
+    assert all(len(cs.candidates) == 1 for cs in single.values())

@@ -77,8 +77,9 @@ class Toolchain(ABC):
         """Compile one kernel's wrapper. Raises ``AotpackError`` naming the source."""
 
     @abstractmethod
-    def command(self, source: Path, output: Path, kind: str) -> list[str]:
-        """The exact compile command of ``kind`` (``kernel``, ``wrapper``, ``model``)."""
+    def command(self, source: Path, output: Path, kind: str, source_text: str = "") -> list[str]:
+        """The exact compile command of ``kind`` (``kernel``, ``wrapper``, ``model``);
+        ``source_text``: the source's contents, where the flags depend on them."""
 
 
 class Launcher(ABC):

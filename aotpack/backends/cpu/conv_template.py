@@ -54,6 +54,7 @@ from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, L
                                                 PARALLEL_MIN_FLOPS, WHOLE_K_BLOCK_BYTES,
                                                 VECTOR_BYTES, latency_rows, tile_choices, tile_width, wide_speedup,
                                                 wide_suffix)
+from aotpack.backends.cpu.toolchain import O2_MARK
 from aotpack.config import MAX_TOPN
 from aotpack.kernel_ir import CONV_EPILOGUES, ConvKernel
 from aotpack.render import render
@@ -354,7 +355,7 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     return render("cpu_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, k=kernel.k, panels=kernel.panels,
                   mc=tiling.mc, kc=tiling.kc, padded_bytes=image_region(kernel, tiling.layout),
                   partial_bytes=partial_bytes(kernel, tiling.kc), nhwc=tiling.layout == "nhwc",
-                  tap_unroll=_tap_unroll(kw, tiling.layout))
+                  tap_unroll=_tap_unroll(kw, tiling.layout), o2_mark=O2_MARK)
 
 
 def _tap_unroll(kw: int, layout: str) -> int:
