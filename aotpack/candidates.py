@@ -10,7 +10,8 @@ Tiny kernels (``_is_tiny``) compile only their candidate 0 (the default tiling, 
 cost model's best). So do the runners-up of a GEMM step (``_runners_up``): an aotpack kernel
 variant (a direct convolution beside a Winograd one) whose best estimate is
 ``RUNNER_UP_FACTOR`` times another variant's. PGO still times its candidate 0 against the
-leader, so a wrong estimate costs the runner-up its tiling variations, not the race.
+leader, so a wrong estimate costs the runner-up its other tilings (its other layouts among
+them: the direct template's candidate 0 may be a lanes tiling), not the race.
 """
 from __future__ import annotations
 
@@ -119,8 +120,12 @@ def prepare(graph, backend, settings, replayed: dict | None = None) -> dict[str,
 
 def _runners_up(graph, backend, settings, shortlists: dict) -> set[str]:
     """kernel_ids of the GEMM steps' aotpack kernel variants (``gemm.OWN_KERNEL_RANKS``) whose
-    best estimated time is at least ``RUNNER_UP_FACTOR`` times another such variant's of each
-    step they are in. Steps whose variants the backend cannot estimate keep all candidates."""
+    best estimate (``backend.estimate_us``, us per launch over their shortlist) is above the
+    best variant's and at least ``RUNNER_UP_FACTOR`` times it, in every step they are in.
+
+    ``shortlists``: ``kernel_id -> (kernel, shortlist)``. Steps with fewer than two such
+    variants, or one the backend cannot estimate, cut nothing; nor does ``--topn 1``.
+    """
     if settings.topn <= 1:
         return set()
     behind: dict[str, bool] = {}
@@ -135,14 +140,17 @@ def _runners_up(graph, backend, settings, shortlists: dict) -> set[str]:
             continue
         best = min(estimates.values())
         for kid, estimate in estimates.items():
-            behind[kid] = behind.get(kid, True) and estimate >= RUNNER_UP_FACTOR * best
+            is_behind = estimate > best and estimate >= RUNNER_UP_FACTOR * best
+            behind[kid] = behind.get(kid, True) and is_behind
     if any(behind.values()):
-        log.info("compiling only candidate 0 of %d GEMM-step kernels estimated %gx slower than another "
-                 "variant of their step", sum(behind.values()), RUNNER_UP_FACTOR)
+        log.info("compiling only candidate 0 of %d GEMM-step kernels estimated at least %gx slower than "
+                 "another variant of their step", sum(behind.values()), RUNNER_UP_FACTOR)
     return {kid for kid, is_behind in behind.items() if is_behind}
 
 
 def _best_estimate(kernel, candidates: tuple, backend, settings) -> float | None:
+    """The lowest ``backend.estimate_us`` (us per launch) among ``candidates``; None when
+    the backend cannot estimate one of them."""
     estimates = [backend.estimate_us(kernel, c, settings) for c in candidates]
     return None if None in estimates else min(estimates)
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from aotpack import autotune, gemm_cache, gemm_match, layout, reader
-from aotpack.backends.cpu import conv_template
+from aotpack.backends.cpu import conv_template, toolchain
 from aotpack.backends.cpu.conv_template import ConvTiling
 from aotpack.backends.cpu.toolchain import KERNEL_FLAGS, O2_MARK, CpuToolchain, kernel_flags
 from aotpack.build import build
@@ -156,7 +156,7 @@ def test_tilings_default_first_unique_with_their_workspace():
 
 
 @pytest.mark.unit
-def test_only_the_direct_template_compiles_at_o2(tmp_path):
+def test_only_the_direct_template_compiles_at_o2(tmp_path, monkeypatch):
     conv = _kernel((1, 16, 12, 12), 32)
     by_layout = {t.layout: t for t in conv_template.solve(conv, 2)}
     chain = CpuToolchain("x86-64")
@@ -164,6 +164,13 @@ def test_only_the_direct_template_compiles_at_o2(tmp_path):
         source = conv_template.render_kernel(conv, by_layout[layout])
         flags = chain.command(tmp_path / "kernel.cpp", tmp_path / "kernel.so", "kernel", source)
         assert [f for f in flags if f.startswith("-O")] == [level], layout
+    # the compile itself reads the mark from the source file
+    seen = []
+    monkeypatch.setattr(toolchain, "compile_so", lambda prefix, *rest: seen.append(prefix))
+    for layout in ("nchw", "lanes"):
+        (tmp_path / f"{layout}.cpp").write_text(conv_template.render_kernel(conv, by_layout[layout]))
+        chain.compile_kernel(tmp_path / f"{layout}.cpp", tmp_path / f"{layout}.so")
+    assert [[f for f in prefix if f.startswith("-O")] for prefix in seen] == [["-O2"], ["-O3"]]
     # the mark counts only in the leading comment: a kernel cannot be talked into -O2 by its body
     assert kernel_flags(f"// a kernel\nint x;\n{O2_MARK}\n") == KERNEL_FLAGS
     assert kernel_flags(f"// a kernel\n{O2_MARK}\nint x;\n")[0] == "-O2"

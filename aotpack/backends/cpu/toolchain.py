@@ -53,11 +53,12 @@ WRAPPER_FLAGS = ["-O0", "-fPIC", "-shared", "-std=c++17", "-pipe", "-nodefaultli
 #: A wrapper calls libc and dlopen only (C headers): without libstdc++ and <cstdio> a wrapper
 #: compiles in 0.74x the time (38.5 against 52.4 ms, median of 12 wrappers x 3, Zen 3).
 WRAPPER_LIBS = ["-ldl", "-lc"]
-#: model.so is glue (one long function of calls into kernels and ATen): -O1 compiles it in
-#: ~75% of -O2's time (641-line llama_tiny model.cpp: 2.1-2.7 s against 2.9-3.7 s; GCC's
-#: alias walking over the long function is most of -O2); llama_tiny's latency did not
-#: move measurably (aotpack-run p10 878-1021 us at -O1 against 890-984 us at -O2).
-MODEL_FLAGS = ["-O1", "-fPIC", "-shared", "-std=c++17", "-pipe"]
+#: model.so is glue (one long function of calls into kernels and ATen), compiled at -O0:
+#: MobileNetV3-Small's 1151-line model.cpp in 0.15 s against 0.54 s at -O1 (GCC's alias walking
+#: and dead-store passes over the long function are most of -O1), and bert_tiny ran level
+#: (580.5 against 580.4 us, 1 thread, 60 interleaved rounds: a launch is a few calls through
+#: the host table either way). -O1 had been ~75% of -O2's compile time, latency level too.
+MODEL_FLAGS = ["-O0", "-fPIC", "-shared", "-std=c++17", "-pipe"]
 MODEL_LIBS = ["-ldl"]
 #: A compile that runs longer than this is stuck (a kernel TU takes well under 10 s).
 COMPILE_TIMEOUT_S = 300
@@ -179,7 +180,8 @@ class CpuToolchain(Toolchain):
 
     def fingerprint(self) -> str:
         return "\0".join([compiler_version(), " ".join(KERNEL_FLAGS + KERNEL_LIBS),
-                          " ".join(WRAPPER_FLAGS + WRAPPER_LIBS), target_fingerprint(self.march)])
+                          " ".join(kernel_flags(O2_MARK)), " ".join(WRAPPER_FLAGS + WRAPPER_LIBS),
+                          target_fingerprint(self.march)])
 
     def model_fingerprint(self) -> str:
         """Everything besides model.cpp that changes model.so: the compiler, its flags and
