@@ -7,7 +7,10 @@ source holding all their ``TilingInfo``. Kernels with the same ``kernel_id`` (re
 layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
 
 Tiny kernels (``_is_tiny``) compile only their candidate 0 (the default tiling, or the
-cost model's best). So do the runners-up of a GEMM step (``_runners_up``): an aotpack kernel
+cost model's best). Where the backend's estimates rank a kernel's tilings well
+(``Backend.ranks_tilings``: the GEMM, convolution, Winograd and bmm templates on the CPU), a
+candidate estimated ``--far-behind-factor`` (1.4) times the best one's time is not
+compiled (``_without_far_behind``). So do the runners-up of a GEMM step (``_runners_up``): an aotpack kernel
 variant (a direct convolution beside a Winograd one) whose best estimate is
 ``RUNNER_UP_FACTOR`` times another variant's. PGO still times its candidate 0 against the
 leader, so a wrong estimate costs the runner-up its other tilings (its other layouts among
@@ -66,7 +69,7 @@ def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:
         log.debug("%s: tiny (estimated under %g us): compiling only %s", kernel.name,
                   settings.tiny_kernel_us, chosen[0].tiling_repr)
         return chosen[:1]
-    return chosen
+    return _without_far_behind(kernel, chosen, backend, settings)
 
 
 def _is_tiny(kernel: FusedKernel, default, backend, settings) -> bool:
@@ -76,6 +79,25 @@ def _is_tiny(kernel: FusedKernel, default, backend, settings) -> bool:
         return False
     estimate = backend.estimate_us(kernel, default, settings)
     return estimate is not None and estimate < settings.tiny_kernel_us
+
+
+def _without_far_behind(kernel, chosen: tuple, backend, settings) -> tuple:
+    """``chosen`` less the candidates whose ``backend.estimate_us`` is at least
+    ``settings.far_behind_factor`` times the best one's (us per launch), in the same order;
+    all of ``chosen`` where the factor is 0 (off), the backend's estimates do not rank this
+    kernel's tilings (``backend.ranks_tilings``) or it cannot estimate each one."""
+    factor = settings.far_behind_factor
+    if len(chosen) < 2 or not factor or not backend.ranks_tilings(kernel):
+        return chosen
+    estimates = [backend.estimate_us(kernel, c, settings) for c in chosen]
+    if None in estimates:
+        return chosen
+    best = min(estimates)
+    kept = tuple(c for c, e in zip(chosen, estimates) if e == best or e < factor * best)
+    if len(kept) < len(chosen):
+        log.debug("%s: not compiling %d candidates estimated at least %gx the best (%.1f us)", kernel.name,
+                  len(chosen) - len(kept), factor, best)
+    return kept
 
 
 def _ranked(kernel: FusedKernel, backend, limits, settings) -> tuple:

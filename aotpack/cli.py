@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--tiny-kernel-us", metavar="US",
                    help="a kernel whose default tiling is estimated under US microseconds compiles only "
                         "that default; 0: every kernel gets --topn (env AOTPACK_TINY_KERNEL_US, default 10)")
+    b.add_argument("--far-behind-factor", metavar="F",
+                   help="a candidate the cost model estimates at F or more times its kernel's best is not "
+                        "compiled (GEMM, convolution, Winograd and bmm templates); 0: off "
+                        "(env AOTPACK_FAR_BEHIND_FACTOR, default 1.4)")
     b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
     b.add_argument("--target-isa", default=None,
                    help="target ISA the kernels are compiled for (default: native, this machine; e.g. x86-64-v3)")
@@ -109,7 +113,7 @@ def _build(args) -> int:
                                  retune=args.retune or None, backend=args.backend,
                                  tuning_from=args.tuning_from, require_coverage=args.require_coverage,
                                  cost_model=args.cost_model, cost_model_ratio=args.cost_model_ratio,
-                                 tiny_kernel_us=args.tiny_kernel_us)
+                                 tiny_kernel_us=args.tiny_kernel_us, far_behind_factor=args.far_behind_factor)
     from aotpack.progress import BuildProgress, summary
 
     result = build(args.model, args.output_dir, args.name, args.version, settings,

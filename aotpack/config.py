@@ -38,6 +38,13 @@ ENV_TINY_KERNEL_US = "AOTPACK_TINY_KERNEL_US"
 #: faster with their best candidate than with their default, 1.9 us of a 3.4 ms model; with the
 #: 15 epilogue kernels of the ATen / oneDNN alternatives of those convolutions, 62 of 356 compiles.
 DEFAULT_TINY_KERNEL_US = 10.0
+ENV_FAR_BEHIND_FACTOR = "AOTPACK_FAR_BEHIND_FACTOR"
+#: A candidate estimated this many times its kernel's best is not compiled, where the backend's
+#: estimates rank the kernel's tilings (``candidates._without_far_behind``). ResNet-18,
+#: MobileNetV3-Small and ViT-S/16 at --topn 3 (Zen 3, 2 threads): the 48 template candidates
+#: estimated 1.46-3.8x their kernel's best measured 1.12-2.7x its winner; one estimated 1.38x
+#: (a 1x1 stride-2 convolution) won by 12%, hence 1.4, not 1.3.
+DEFAULT_FAR_BEHIND_FACTOR = 1.4
 
 
 def parse_topn(raw: str | int, source: str = ENV_TOPN) -> int:
@@ -160,6 +167,7 @@ class Settings:
     cost_model: bool = False  # rank the solver's whole space, compile the best share
     cost_model_ratio: float = DEFAULT_COSTMODEL_RATIO
     tiny_kernel_us: float = DEFAULT_TINY_KERNEL_US  # a kernel estimated under this compiles only its default
+    far_behind_factor: float = DEFAULT_FAR_BEHIND_FACTOR  # a candidate estimated this x the best is dropped; 0: off
 
     @staticmethod
     def from_env(**overrides) -> "Settings":
@@ -190,4 +198,7 @@ class Settings:
                             DEFAULT_COSTMODEL_RATIO, lambda v: 0 < v <= 1, "a number in (0, 1]"),
                         tiny_kernel_us=_number_setting(
                             overrides.get("tiny_kernel_us"), "--tiny-kernel-us", env, ENV_TINY_KERNEL_US,
-                            DEFAULT_TINY_KERNEL_US, lambda v: v >= 0, "a number of microseconds >= 0"))
+                            DEFAULT_TINY_KERNEL_US, lambda v: v >= 0, "a number of microseconds >= 0"),
+                        far_behind_factor=_number_setting(
+                            overrides.get("far_behind_factor"), "--far-behind-factor", env, ENV_FAR_BEHIND_FACTOR,
+                            DEFAULT_FAR_BEHIND_FACTOR, lambda v: v == 0 or v > 1, "0 (off) or a number > 1"))

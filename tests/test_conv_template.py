@@ -5,6 +5,8 @@ padding and dilation, compiled and launched against torch (float32:
 |ours - torch| <= 1e-5 + 1e-4 * |torch|), and a CNN block built end to end."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import safetensors.torch
 import torch
@@ -362,3 +364,25 @@ def test_onednn_block_fuses_the_folded_bias_residual_and_relu_as_post_ops(tmp_pa
     assert source.count('"mkldnn::_convolution_pointwise", "binary"') == 1  # the residual add + ReLU
     assert not result.manifest["kernels"]  # no epilogue kernel: every epilogue is a post-op
     assert_native_parity(result.archive, BLOCK, tmp_path, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.unit
+def test_lanes_waste_counts_the_positions_a_lanes_tiling_computes_and_drops():
+    """A ``lanes`` tiling computes whole zero-bordered rows (a stride phase's) in tiles of
+    ``nr`` positions: 7x7 outputs of a padded 3x3 convolution are 7 rows of 9, 2 tiles of 48
+    for 49 kept; a 1x1 at 56x56 computes 66 tiles for 3136 positions; other layouts waste
+    nothing, and the estimate scales its compute by the waste."""
+    small = _kernel((1, 512, 7, 7), 512)
+    by_layout = {t.layout: t for t in conv_template.solve(small, 2)}
+    lanes = dataclasses.replace(by_layout["lanes"], nr=48)
+    assert conv_template.lanes_waste(small, lanes) == 96 / 49
+    assert conv_template.lanes_waste(small, by_layout["nchw"]) == 1.0
+    strided = _kernel((1, 256, 14, 14), 512, stride=(2, 2))               # phase rows of 7 + 1
+    assert conv_template.lanes_waste(strided, dataclasses.replace(lanes, layout="lanes")) == 96 / 49
+    wide = _kernel((1, 16, 56, 56), 64, kernel=(1, 1), padding=(0, 0))
+    pointwise = next(t for t in conv_template.solve(wide, 2) if t.layout == "pointwise")
+    assert conv_template.lanes_waste(wide, dataclasses.replace(pointwise, nr=48)) == 66 * 48 / 3136
+    no_waste = dataclasses.replace(lanes, layout="nchw")  # the same copy (padded image) and threads
+    copy_and_region = conv_template.image_region(small, "lanes") / conv_template.COPY_BYTES_PER_US + 2.0
+    assert conv_template.estimate_us(small, lanes) - copy_and_region == pytest.approx(
+        96 / 49 * (conv_template.estimate_us(small, no_waste) - copy_and_region))

@@ -86,6 +86,7 @@ def test_cost_model_keeps_the_best_share_at_most_topn(tmp_path):
 @pytest.mark.parametrize("variable, expected, raw", [
     *[("AOTPACK_COSTMODEL_RATIO", "a number in (0, 1]", raw) for raw in ["0", "1.5", "-0.1", "half"]],
     *[("AOTPACK_TINY_KERNEL_US", "a number of microseconds >= 0", raw) for raw in ["-1", "fast", "nan"]],
+    *[("AOTPACK_FAR_BEHIND_FACTOR", "0 (off) or a number > 1", raw) for raw in ["1", "0.5", "-2", "far"]],
 ])
 def test_number_settings_name_the_variable_and_the_range(monkeypatch, variable, expected, raw):
     monkeypatch.setenv(variable, raw)
@@ -127,6 +128,17 @@ def test_tiny_kernel_us_from_env_and_flags(monkeypatch):
     with pytest.raises(AotpackError) as error:
         Settings.from_env(tiny_kernel_us="-3")
     assert str(error.value) == "--tiny-kernel-us must be a number of microseconds >= 0, got '-3'"
+
+
+def test_far_behind_factor_from_env_and_flags(monkeypatch):
+    monkeypatch.delenv("AOTPACK_FAR_BEHIND_FACTOR")
+    assert Settings.from_env().far_behind_factor == 1.4 == Settings().far_behind_factor
+    monkeypatch.setenv("AOTPACK_FAR_BEHIND_FACTOR", "2")
+    assert Settings.from_env().far_behind_factor == 2.0
+    assert Settings.from_env(far_behind_factor="0").far_behind_factor == 0.0
+    with pytest.raises(AotpackError) as error:
+        Settings.from_env(far_behind_factor="1")
+    assert str(error.value) == "--far-behind-factor must be 0 (off) or a number > 1, got '1'"
 
 
 def test_candidates_that_differ_only_in_block_dim_share_one_binary(tmp_path):

@@ -252,3 +252,47 @@ def test_the_runner_up_variant_of_a_step_compiles_only_its_candidate_0(tmp_path)
     assert (len(flat[direct].candidates), len(flat[winograd].candidates)) == (3, 3)
     single = candidates.prepare(graph, cpu, Settings.from_env(topn=1, tiny_kernel_us=0.0))
     assert all(len(cs.candidates) == 1 for cs in single.values())
+
+
+class _Unranked(_FlatEstimates):
+    """The CPU backend, except that its estimates rank no kernel's tilings."""
+
+    def estimate_us(self, kernel, candidate, settings):
+        return self._backend.estimate_us(kernel, candidate, settings)
+
+    def ranks_tilings(self, kernel):
+        return False
+
+
+def test_a_template_tiling_estimated_far_behind_the_best_is_not_compiled(tmp_path):
+    """The 64-channel 3x3 Winograd convolution at 56x56: of the solver's three tilings, the one
+    estimated >= --far-behind-factor (1.4) times the best (64 tiles of 32 columns: 2x) is dropped,
+    the others keep their order; nothing is dropped where the backend's estimates do not rank
+    the kernel's tilings (the CPU's fused pointwise kernels among them)."""
+    path = tmp_path / "winograd_and_direct.py"
+    path.write_text(WINOGRAD_AND_DIRECT)
+    cpu = backends.get("cpu")
+    graph = lower(export_model(load_model_file(path)), cpu.dtypes)
+    (step,) = _steps(graph)
+    winograd = step.variants[2].steps[0].kernel
+    settings = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="1.4")
+    limits = cpu.limits(settings)
+    space = cpu.solve(winograd, limits, 3)
+    estimates = [cpu.estimate_us(winograd, c, settings) for c in space]
+    far = [e >= settings.far_behind_factor * min(estimates) for e in estimates]
+    assert far == [False, True, False]
+    assert candidates.shortlist(winograd, cpu, limits, settings) == (space[0], space[2])
+    assert candidates.shortlist(winograd, _Unranked(cpu), limits, settings) == tuple(space)
+    off = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="0")
+    assert candidates.shortlist(winograd, cpu, limits, off) == tuple(space)
+    assert cpu.ranks_tilings(winograd)
+    pointwise = lower(export_model(load_model_file(_pointwise_model(tmp_path))), cpu.dtypes).kernels[0]
+    assert not cpu.ranks_tilings(pointwise)
+
+
+def _pointwise_model(tmp_path) -> Path:
+    path = tmp_path / "pointwise.py"
+    path.write_text("import torch\n\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return torch.exp(x) * 2\n\n\ndef model():\n    return M()\n\n\n"
+                    "def example_inputs():\n    return (torch.randn(64, 1024),)\n")
+    return path

@@ -125,6 +125,12 @@ class Backend(ABC):
         are compiled, ``--cost-model``); None when the backend has no model."""
         return None
 
+    def ranks_tilings(self, kernel) -> bool:
+        """Whether ``estimate_us`` ranks ``kernel``'s tilings well enough that a candidate
+        estimated far behind the best (``Settings.far_behind_factor``) need not be compiled.
+        Default: no kernel (every candidate is compiled and timed)."""
+        return False
+
     def share_binaries(self, candidates: tuple) -> tuple:
         """Per candidate, the tiling its binary is rendered from (the candidates themselves
         are compiled for, launched and keyed as they are).

@@ -43,8 +43,9 @@ def generate(model: str) -> dict[str, str]:
     from aotpack.lowering import lower
 
     backend = backends.get("cpu")
-    # every candidate of the space is pinned, tiny kernels too
-    settings = Settings(topn=10, device_limit=DEVICE_LIMIT, backend="cpu", target_isa=TARGET_ISA, tiny_kernel_us=0)
+    # every candidate of the space is pinned, tiny kernels and those estimated far behind too
+    settings = Settings(topn=10, device_limit=DEVICE_LIMIT, backend="cpu", target_isa=TARGET_ISA, tiny_kernel_us=0,
+                        far_behind_factor=0)
     graph = lower(export_model(load_model_file(REPO / model)), backend.dtypes)
     sets = candidates.prepare(graph, backend, settings)
     sources = {}

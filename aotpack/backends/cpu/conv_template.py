@@ -312,14 +312,39 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     return unique[:min(count, MAX_TOPN)]
 
 
+#: Bytes per us the image copy (padding, channels-last, stride phases) moves. Its source is the
+#: previous layer's output, still in L2/L3: ResNet-18's 1x1 stride-2 downsample (a 200 KB phase
+#: copy) ran its ``lanes`` tiling in 73 us against the direct one's 82, which 10 GB/s would
+#: have put 1.4x behind.
+COPY_BYTES_PER_US = 20e3
+
+
 def estimate_us(kernel: ConvKernel, tiling: ConvTiling, gflops: float = 80.0) -> float:
     """Guess in us: flops at ``gflops`` per thread (a little under the GEMM template's 90,
     for the window reads), tiles under the latency bound (``latency_rows``) costing as many,
-    plus ~2 us per parallel region and the padded copy at ~10 GB/s."""
+    a ``lanes`` / ``pointwise`` tiling's computed-but-dropped positions (``lanes_waste``) as
+    much as the kept ones, plus ~2 us per parallel region and the image copy at
+    ``COPY_BYTES_PER_US``."""
     rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes, tiling.nr)
-    compute = kernel.flops * rows / (gflops * wide_speedup(tiling.vector_bytes) * 1e3 * tiling.block_dim)
-    copy = kernel.x_shape[0] * image_region(kernel, tiling.layout) / 10e3
+    compute = kernel.flops * rows * lanes_waste(kernel, tiling) / (
+        gflops * wide_speedup(tiling.vector_bytes) * 1e3 * tiling.block_dim)
+    copy = kernel.x_shape[0] * image_region(kernel, tiling.layout) / COPY_BYTES_PER_US
     return compute + copy + (2.0 if tiling.block_dim > 1 else 0.0)
+
+
+def lanes_waste(kernel: ConvKernel, tiling: ConvTiling) -> float:
+    """Positions a ``lanes`` / ``pointwise`` tiling computes per output position (>= 1; 1 for
+    the other layouts): it computes whole rows of the zero-bordered image (of a stride phase:
+    ``lanes_phases``) and whole tiles of ``nr`` positions, and keeps the OH x OW valid ones.
+    Small images waste most: a 7x7 output computes 2 tiles of 48 for 49 positions (1.96),
+    where ResNet-18's 3x3 and 1x1 convolutions measured 1.8-2.7x the direct template's
+    time; at 14x14, 1.22 (measured 1.2-1.3x); at 28x28, 1.04 (0.9-1.08x)."""
+    if tiling.layout not in ("lanes", "pointwise"):
+        return 1.0
+    oh, ow = kernel.out_hw
+    row = lanes_phases(kernel)[3] if tiling.layout == "lanes" else ow
+    computed = oh * row
+    return -(-computed // tiling.nr) * tiling.nr / (oh * ow)
 
 
 _CONV_EPILOGUE_CPP = {**{name: expr for name, expr in _EPILOGUE_CPP.items() if name in CONV_EPILOGUES},
