@@ -169,3 +169,18 @@ def test_prepare_renders_block_dim_twins_from_one_source(tmp_path):
     assert twins, [c.tiling_repr for c in cs.candidates]
     assert all(sources[1] == sources[2] for sources in twins)
     assert len(set(cs.sources)) == len(by_threads) < len(cs.candidates)
+
+
+def test_a_launch_that_fits_the_caches_moves_at_cache_bandwidth(tmp_path):
+    """At most CACHE_RESIDENT_BYTES moved: ~40 GB/s per thread (the inputs are in L2/L3),
+    else the memory figures (10 GB/s one thread, 16 GB/s two)."""
+    cached = only_kernel(tmp_path, "return x * 2", "torch.randn(256, 256)")       # 512 KB moved
+    streamed = only_kernel(tmp_path, "return x * 2", "torch.randn(1024, 1024)")   # 8 MiB moved
+    assert cost_model.kernel_bytes(cached) == 2**19 and cost_model.kernel_bytes(streamed) == 2**23
+    assert [cost_model._bandwidth(t, 2**19) for t in (1, 2)] == [40e9, 80e9]
+    assert [cost_model._bandwidth(t, 2**23) for t in (1, 2)] == [10e9, 16e9]
+    assert cost_model._bandwidth(1, cost_model.CACHE_RESIDENT_BYTES) == 40e9
+    # 16x the bytes at a quarter of the bandwidth: 64x the memory term (1 thread, register-width SIMD)
+    one = [cost_model.estimate_us(k, Tiling(1, k.inner_size, 8, 0), AVX2) for k in (cached, streamed)]
+    assert one[0] == pytest.approx(2**19 / 40e9 * 1e6 + cost_model.WORK_ITEM_US * cached.rows)
+    assert one[1] == pytest.approx(2**23 / 10e9 * 1e6 + cost_model.WORK_ITEM_US * streamed.rows)

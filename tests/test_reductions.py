@@ -52,7 +52,9 @@ def run_forms(path, cache_dir, keep, most: int = 2) -> tuple[list[str], list[lis
     Run ``i`` forces, for every kernel, its ``i``-th kept candidate (the last one when it has
     fewer; kernels with none kept run their default)."""
     backend = backends.get("cpu")
-    settings = Settings(topn=10, cache_dir=cache_dir, device_limit=DEVICE_LIMIT, backend="cpu")
+    # every solver candidate: no tiny-kernel or far-behind shortcut
+    settings = Settings(topn=10, cache_dir=cache_dir, device_limit=DEVICE_LIMIT, backend="cpu", tiny_kernel_us=0,
+                        far_behind_factor=0)
     model_file = load_model_file(path)
     graph = lower(export_model(model_file), backend.dtypes)
     sets = {}

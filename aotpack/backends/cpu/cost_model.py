@@ -8,11 +8,16 @@ It ranks; it does not replace measurement.
 The estimate is a roofline with launch overheads, ``max(memory, compute) + overhead``:
 
 * memory: bytes the kernel must move (each input buffer read once, each output written
-  once) over the bandwidth of ``block_dim`` threads: ~10 GB/s for one thread, each more
-  thread adding ~60% of that up to a ~17 GB/s socket. These are round assumptions, not
-  a calibration (a 4096x4096 float32 copy into existing memory moved ~16 GB/s read +
-  write at 1 thread on the 2-core build host); only their ratios shape the ranking. A
-  strided (transposing) load without a blocked loop order wastes most of each 64-byte line.
+  once) over the bandwidth of ``block_dim`` threads. From memory: ~10 GB/s for one thread,
+  each more thread adding ~60% of that up to a ~17 GB/s socket (round assumptions: a
+  4096x4096 float32 copy into existing memory moved ~16 GB/s read + write at 1 thread on
+  the 2-core build host). A launch that moves at most ``CACHE_RESIDENT_BYTES`` finds its
+  inputs in L2/L3 (the kernel before it wrote them) and moves ~40 GB/s per thread:
+  MobileNetV3-Small's squeeze-excite scales (150-400 KB) ran at 46-85 GB/s on 2 threads,
+  ViT's 605 KB token copy at 105, ResNet-18's 3.2 MB max pool at 103 (Zen 3, PGO
+  timings); the memory-side figure put them 5-9x too slow, so ``--tiny-kernel-us`` missed
+  them. A strided (transposing) load without a blocked loop order wastes most of each
+  64-byte line.
 * compute: element operations (transcendentals ~8 ops: libm/libmvec calls) over
   ``lanes x 3 GHz x block_dim``; ``lanes`` is the SIMD width of the target ISA.
   In a ``--topn 10`` sweep of samples/transformer_block.py, ``simdlen = lanes`` beat
@@ -30,6 +35,10 @@ from aotpack.kernel_ir import FusedKernel, Load, Op, walk
 #: Bytes per second one thread streams, and the socket's ceiling (assumed; module docstring).
 THREAD_BANDWIDTH = 10e9
 SOCKET_BANDWIDTH = 17e9
+#: A launch moving at most this many bytes is served from the caches, at this many bytes per
+#: second per thread (each thread has its own L2; assumed, module docstring).
+CACHE_RESIDENT_BYTES = 4 * 2**20
+CACHE_THREAD_BANDWIDTH = 40e9
 #: Each added thread's share of ``THREAD_BANDWIDTH`` once threads compete for memory.
 EXTRA_THREAD_SHARE = 0.6
 CLOCK_HZ = 3e9
@@ -78,7 +87,10 @@ def element_ops(kernel: FusedKernel) -> int:
     return max(1, ops)
 
 
-def _bandwidth(threads: int) -> float:
+def _bandwidth(threads: int, nbytes: int) -> float:
+    """Bytes per second ``threads`` threads move when a launch moves ``nbytes``."""
+    if nbytes <= CACHE_RESIDENT_BYTES:
+        return CACHE_THREAD_BANDWIDTH * threads
     return min(SOCKET_BANDWIDTH, THREAD_BANDWIDTH * (1 + EXTRA_THREAD_SHARE * (threads - 1)))
 
 
@@ -108,7 +120,8 @@ def estimate_us(kernel: FusedKernel, tiling: Tiling, features: list[str]) -> flo
     numel = kernel.rows * kernel.inner_size
     itemsize = max(_itemsize(b.dtype) for b in (*kernel.inputs, *kernel.outputs)) if kernel.inputs else 4
     lanes = max(1, vector_bytes(features) // itemsize)
-    memory_us = kernel_bytes(kernel) * _strided_factor(kernel, tiling) / _bandwidth(threads) * 1e6
+    nbytes = kernel_bytes(kernel)
+    memory_us = nbytes * _strided_factor(kernel, tiling) / _bandwidth(threads, nbytes) * 1e6
     compute_us = numel * element_ops(kernel) / (lanes * CLOCK_HZ * threads) * 1e6
     tile = max(1, tiling.inner_tile)
     rows_per_item = max(1, tiling.row_block)
