@@ -6,15 +6,16 @@ cost model); each is rendered into its own static-kernel source, plus one wrappe
 source holding all their ``TilingInfo``. Kernels with the same ``kernel_id`` (repeated
 layers) share one ``CandidateSet``: compiled once, tuned once, shipped once.
 
-Tiny kernels (``_is_tiny``) compile only their candidate 0 (the default tiling, or the
-cost model's best). Where the backend's estimates rank a kernel's tilings well
-(``Backend.ranks_tilings``: the GEMM, convolution, Winograd and bmm templates on the CPU), a
-candidate estimated ``--far-behind-factor`` (1.4) times the best one's time is not
-compiled (``_without_far_behind``). So do the runners-up of a GEMM step (``_runners_up``): an aotpack kernel
-variant (a direct convolution beside a Winograd one) whose best estimate is
-``RUNNER_UP_FACTOR`` times another variant's. PGO still times its candidate 0 against the
-leader, so a wrong estimate costs the runner-up its other tilings (its other layouts among
-them: the direct template's candidate 0 may be a lanes tiling), not the race.
+Where the backend's estimates rank a kernel's tilings (``Backend.ranks_tilings``: the
+GEMM, convolution, Winograd and bmm templates on the CPU), a candidate estimated at least
+``--far-behind-factor`` (1.4) times the best one is dropped (``_without_far_behind``), so
+candidate 0 may then be the solver's second or third tiling. Tiny kernels (``_is_tiny``)
+compile only their candidate 0 (the default tiling, or the cost model's best). So do the
+runners-up of a GEMM step (``_runners_up``): an aotpack kernel variant (a direct
+convolution beside a Winograd one) whose best estimate is ``RUNNER_UP_FACTOR`` times
+another variant's. PGO still times its candidate 0 against the leader, so a wrong estimate
+costs the runner-up its other tilings (its other layouts among them: the direct template's
+candidate 0 may be a lanes tiling), not the race.
 """
 from __future__ import annotations
 
@@ -61,15 +62,17 @@ def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:
     Without the cost model: the solver's first ``topn`` (its default first, then the
     nearest variations). With it (``settings.cost_model``): the solver's whole space
     ranked by ``backend.estimate_us``, keeping the best ``ceil(ratio * len(space))``,
-    at least 1 and at most ``topn``; the best estimate becomes candidate 0. Either way
-    a tiny kernel (``_is_tiny``) keeps only candidate 0.
+    at least 1 and at most ``topn``; the best estimate becomes candidate 0. Then the
+    candidates estimated far behind the best are dropped (``_without_far_behind``), and a
+    tiny kernel (``_is_tiny``) keeps only its first remaining candidate, which is also the
+    one an unvisited kernel runs.
     """
-    chosen = _ranked(kernel, backend, limits, settings)
+    chosen = _without_far_behind(kernel, _ranked(kernel, backend, limits, settings), backend, settings)
     if len(chosen) > 1 and _is_tiny(kernel, chosen[0], backend, settings):
         log.debug("%s: tiny (estimated under %g us): compiling only %s", kernel.name,
                   settings.tiny_kernel_us, chosen[0].tiling_repr)
         return chosen[:1]
-    return _without_far_behind(kernel, chosen, backend, settings)
+    return chosen
 
 
 def _is_tiny(kernel: FusedKernel, default, backend, settings) -> bool:
@@ -85,12 +88,16 @@ def _without_far_behind(kernel, chosen: tuple, backend, settings) -> tuple:
     """``chosen`` less the candidates whose ``backend.estimate_us`` is at least
     ``settings.far_behind_factor`` times the best one's (us per launch), in the same order;
     all of ``chosen`` where the factor is 0 (off), the backend's estimates do not rank this
-    kernel's tilings (``backend.ranks_tilings``) or it cannot estimate each one."""
+    kernel's tilings (``backend.ranks_tilings``) or it cannot estimate each one (None, NaN,
+    infinite or not above 0).
+
+    A candidate that differs from a kept one only in ``block_dim`` shares its binary
+    (``Backend.share_binaries``): dropping it saves its timing, not a compile."""
     factor = settings.far_behind_factor
     if len(chosen) < 2 or not factor or not backend.ranks_tilings(kernel):
         return chosen
     estimates = [backend.estimate_us(kernel, c, settings) for c in chosen]
-    if None in estimates:
+    if not all(e is not None and math.isfinite(e) and e > 0 for e in estimates):
         return chosen
     best = min(estimates)
     kept = tuple(c for c, e in zip(chosen, estimates) if e == best or e < factor * best)

@@ -47,8 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a kernel whose default tiling is estimated under US microseconds compiles only "
                         "that default; 0: every kernel gets --topn (env AOTPACK_TINY_KERNEL_US, default 10)")
     b.add_argument("--far-behind-factor", metavar="F",
-                   help="a candidate the cost model estimates at F or more times its kernel's best is not "
-                        "compiled (GEMM, convolution, Winograd and bmm templates); 0: off "
+                   help="a template candidate (GEMM, convolution, Winograd, bmm) whose estimate is at "
+                        "least F times its kernel's best is dropped before compiling; 0: off "
                         "(env AOTPACK_FAR_BEHIND_FACTOR, default 1.4)")
     b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
     b.add_argument("--target-isa", default=None,

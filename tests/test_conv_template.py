@@ -378,7 +378,7 @@ def test_lanes_waste_counts_the_positions_a_lanes_tiling_computes_and_drops():
     assert conv_template.lanes_waste(small, lanes) == 96 / 49
     assert conv_template.lanes_waste(small, by_layout["nchw"]) == 1.0
     strided = _kernel((1, 256, 14, 14), 512, stride=(2, 2))               # phase rows of 7 + 1
-    assert conv_template.lanes_waste(strided, dataclasses.replace(lanes, layout="lanes")) == 96 / 49
+    assert conv_template.lanes_waste(strided, lanes) == 96 / 49
     wide = _kernel((1, 16, 56, 56), 64, kernel=(1, 1), padding=(0, 0))
     pointwise = next(t for t in conv_template.solve(wide, 2) if t.layout == "pointwise")
     assert conv_template.lanes_waste(wide, dataclasses.replace(pointwise, nr=48)) == 66 * 48 / 3136

@@ -59,7 +59,8 @@ def test_blocked_loop_order_wins_for_a_transposing_copy(tmp_path):
 
 
 def settings(**fields):
-    return dataclasses.replace(Settings(device_limit=2), **fields)
+    """Settings at device limit 2 with neither shortcut (tiny kernels, far behind) unless asked."""
+    return dataclasses.replace(Settings(device_limit=2, tiny_kernel_us=0.0, far_behind_factor=0.0), **fields)
 
 
 def test_shortlist_without_the_cost_model_is_the_solvers_first_topn(tmp_path):
@@ -86,7 +87,7 @@ def test_cost_model_keeps_the_best_share_at_most_topn(tmp_path):
 @pytest.mark.parametrize("variable, expected, raw", [
     *[("AOTPACK_COSTMODEL_RATIO", "a number in (0, 1]", raw) for raw in ["0", "1.5", "-0.1", "half"]],
     *[("AOTPACK_TINY_KERNEL_US", "a number of microseconds >= 0", raw) for raw in ["-1", "fast", "nan"]],
-    *[("AOTPACK_FAR_BEHIND_FACTOR", "0 (off) or a number > 1", raw) for raw in ["1", "0.5", "-2", "far"]],
+    *[("AOTPACK_FAR_BEHIND_FACTOR", "0 (off) or a number > 1", raw) for raw in ["1", "0.5", "-2", "far", "inf", "nan"]],
 ])
 def test_number_settings_name_the_variable_and_the_range(monkeypatch, variable, expected, raw):
     monkeypatch.setenv(variable, raw)
@@ -131,7 +132,7 @@ def test_tiny_kernel_us_from_env_and_flags(monkeypatch):
 
 
 def test_far_behind_factor_from_env_and_flags(monkeypatch):
-    monkeypatch.delenv("AOTPACK_FAR_BEHIND_FACTOR")
+    monkeypatch.delenv("AOTPACK_FAR_BEHIND_FACTOR", raising=False)
     assert Settings.from_env().far_behind_factor == 1.4 == Settings().far_behind_factor
     monkeypatch.setenv("AOTPACK_FAR_BEHIND_FACTOR", "2")
     assert Settings.from_env().far_behind_factor == 2.0

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aotpack import backends, candidates, gemm, parity, report
+from aotpack import backends, candidates, gemm, parity, replay, report
 from aotpack.config import Settings
 from aotpack.autotune import Choice, PythonModeRun, gemm_twins
 from aotpack.export import export_model, load_model_file
@@ -254,37 +254,46 @@ def test_the_runner_up_variant_of_a_step_compiles_only_its_candidate_0(tmp_path)
     assert all(len(cs.candidates) == 1 for cs in single.values())
 
 
-class _Unranked(_FlatEstimates):
+class _Unranked:
     """The CPU backend, except that its estimates rank no kernel's tilings."""
 
-    def estimate_us(self, kernel, candidate, settings):
-        return self._backend.estimate_us(kernel, candidate, settings)
+    def __init__(self, backend):
+        self._backend = backend
 
     def ranks_tilings(self, kernel):
         return False
 
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
 
 def test_a_template_tiling_estimated_far_behind_the_best_is_not_compiled(tmp_path):
-    """The 64-channel 3x3 Winograd convolution at 56x56: of the solver's three tilings, the one
-    estimated >= --far-behind-factor (1.4) times the best (64 tiles of 32 columns: 2x) is dropped,
-    the others keep their order; nothing is dropped where the backend's estimates do not rank
-    the kernel's tilings (the CPU's fused pointwise kernels among them)."""
+    """The 64-channel 3x3 Winograd convolution at 56x56, device limit 2: of the solver's three
+    tilings, the one estimated >= --far-behind-factor (1.4) times the best (the 1-thread
+    tiling: 2x) is dropped, the others keep their order; nothing is dropped with the factor 0
+    or where the backend's estimates do not rank the kernel's tilings (the CPU's fused
+    pointwise kernels among them)."""
     path = tmp_path / "winograd_and_direct.py"
     path.write_text(WINOGRAD_AND_DIRECT)
     cpu = backends.get("cpu")
     graph = lower(export_model(load_model_file(path)), cpu.dtypes)
     (step,) = _steps(graph)
     winograd = step.variants[2].steps[0].kernel
-    settings = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="1.4")
+    settings = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="1.4", device_limit="2")
     limits = cpu.limits(settings)
     space = cpu.solve(winograd, limits, 3)
+    assert [c.block_dim for c in space] == [2, 1, 2]
     estimates = [cpu.estimate_us(winograd, c, settings) for c in space]
     far = [e >= settings.far_behind_factor * min(estimates) for e in estimates]
     assert far == [False, True, False]
     assert candidates.shortlist(winograd, cpu, limits, settings) == (space[0], space[2])
     assert candidates.shortlist(winograd, _Unranked(cpu), limits, settings) == tuple(space)
-    off = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="0")
+    off = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="0", device_limit="2")
     assert candidates.shortlist(winograd, cpu, limits, off) == tuple(space)
+    # a winner recorded by a build without the shortcut is still replayed (--tuning-from)
+    recorded = replay.RecordedWinner(space[1].kernel_key, space[1].tiling_repr, (1.0,))
+    replayed = candidates.prepare(graph, cpu, settings, {winograd.kernel_id: recorded})
+    assert replayed[winograd.kernel_id].candidates == (space[1],)
     assert cpu.ranks_tilings(winograd)
     pointwise = lower(export_model(load_model_file(_pointwise_model(tmp_path))), cpu.dtypes).kernels[0]
     assert not cpu.ranks_tilings(pointwise)

@@ -35,8 +35,9 @@ TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConv
 #: Templates whose ``estimate_us`` ranks tilings (flops over a tile-shape efficiency): on
 #: ResNet-18, MobileNetV3-Small and ViT-S/16 every candidate they estimated >= 1.4x the best
 #: (``Settings.far_behind_factor``) measured >= 1.12x the winner. The depthwise template's
-#: estimate does not (estimated 1.6-1.8x, measured within 4%), nor does the pointwise roofline
-#: (``cost_model``), which ignores caches.
+#: estimate does not (it put MobileNetV3-Small's tilings 1.6-1.8x apart that measured within
+#: 4%), nor does the pointwise roofline (``cost_model``), built to rank loop orders and SIMD
+#: widths, not to be trusted that far.
 RANKED_BY_ESTIMATE = (GemmKernel, ConvKernel, BmmKernel, WinogradConvKernel)
 
 
@@ -65,6 +66,7 @@ class CpuBackend(Backend):
         return cost_model.estimate_us(kernel, candidate, self.target(settings)["features"])
 
     def ranks_tilings(self, kernel) -> bool:
+        """True for the templates in ``RANKED_BY_ESTIMATE``."""
         return isinstance(kernel, RANKED_BY_ESTIMATE)
 
     def share_binaries(self, candidates: tuple) -> tuple:

@@ -336,9 +336,12 @@ def lanes_waste(kernel: ConvKernel, tiling: ConvTiling) -> float:
     """Positions a ``lanes`` / ``pointwise`` tiling computes per output position (>= 1; 1 for
     the other layouts): it computes whole rows of the zero-bordered image (of a stride phase:
     ``lanes_phases``) and whole tiles of ``nr`` positions, and keeps the OH x OW valid ones.
-    Small images waste most: a 7x7 output computes 2 tiles of 48 for 49 positions (1.96),
-    where ResNet-18's 3x3 and 1x1 convolutions measured 1.8-2.7x the direct template's
-    time; at 14x14, 1.22 (measured 1.2-1.3x); at 28x28, 1.04 (0.9-1.08x)."""
+    Small images waste most. With the 48-position tiles this Zen 3 host's tilings use
+    (``vector_bytes`` 64): a 7x7 output computes 2 tiles for 49 positions (1.96), where
+    ResNet-18's stride-2 3x3, stride-1 3x3 and 1x1 convolutions measured 1.8-2.7x the direct
+    template's time; a 14x14 stride-2 one 1.22 (measured 1.2-1.3x); a 28x28 stride-2 one
+    (phase rows of 29) 1.04 (0.9-1.08x). A stride-1 padded 3x3 at 28x28 computes rows of 30:
+    1.10."""
     if tiling.layout not in ("lanes", "pointwise"):
         return 1.0
     oh, ow = kernel.out_hw

@@ -35,8 +35,9 @@ from aotpack.kernel_ir import FusedKernel, Load, Op, walk
 #: Bytes per second one thread streams, and the socket's ceiling (assumed; module docstring).
 THREAD_BANDWIDTH = 10e9
 SOCKET_BANDWIDTH = 17e9
-#: A launch moving at most this many bytes is served from the caches, at this many bytes per
-#: second per thread (each thread has its own L2; assumed, module docstring).
+#: A launch moving at most this many bytes is served from the caches (L2, else the shared L3),
+#: at this many bytes per second per thread, scaling linearly with the threads (assumed;
+#: measured figures in the module docstring).
 CACHE_RESIDENT_BYTES = 4 * 2**20
 CACHE_THREAD_BANDWIDTH = 40e9
 #: Each added thread's share of ``THREAD_BANDWIDTH`` once threads compete for memory.
