@@ -20,7 +20,7 @@ SAMPLES = REPO / "samples"
 MODELS = Path(__file__).resolve().parent / "models"
 
 # The test models are all tiny kernels; the tests of tuning need every kernel's TopN, so the
-# tiny-kernel and far-behind shortcuts are off here (builds and CLI runs inherit it) except where
+# tiny-kernel and far-behind shortcuts are off here (builds and CLI runs inherit them) except where
 # a test turns them on.
 os.environ["AOTPACK_TINY_KERNEL_US"] = "0"
 os.environ["AOTPACK_FAR_BEHIND_FACTOR"] = "0"

@@ -120,26 +120,23 @@ def test_a_tiny_kernel_compiles_only_its_default(tmp_path):
     assert len(shortlist(tiny, backend, backend.limits(with_model), with_model)) == 1
 
 
-def test_tiny_kernel_us_from_env_and_flags(monkeypatch):
-    monkeypatch.delenv("AOTPACK_TINY_KERNEL_US")
-    assert Settings.from_env().tiny_kernel_us == 10.0 == Settings().tiny_kernel_us
-    monkeypatch.setenv("AOTPACK_TINY_KERNEL_US", "2.5")
-    assert Settings.from_env().tiny_kernel_us == 2.5
-    assert Settings.from_env(tiny_kernel_us="0").tiny_kernel_us == 0.0
+@pytest.mark.parametrize("field, variable, default, from_env, bad, message", [
+    ("tiny_kernel_us", "AOTPACK_TINY_KERNEL_US", 10.0, "2.5", "-3",
+     "--tiny-kernel-us must be a number of microseconds >= 0, got '-3'"),
+    ("far_behind_factor", "AOTPACK_FAR_BEHIND_FACTOR", 1.4, "2", "1",
+     "--far-behind-factor must be 0 (off) or a number > 1, got '1'"),
+])
+def test_shortcut_settings_from_env_and_flags(monkeypatch, field, variable, default, from_env, bad, message):
+    """The default (also the dataclass's), the environment variable, the flag (which wins;
+    0 turns the shortcut off) and the flag's error message."""
+    monkeypatch.delenv(variable, raising=False)
+    assert getattr(Settings.from_env(), field) == default == getattr(Settings(), field)
+    monkeypatch.setenv(variable, from_env)
+    assert getattr(Settings.from_env(), field) == float(from_env)
+    assert getattr(Settings.from_env(**{field: "0"}), field) == 0.0
     with pytest.raises(AotpackError) as error:
-        Settings.from_env(tiny_kernel_us="-3")
-    assert str(error.value) == "--tiny-kernel-us must be a number of microseconds >= 0, got '-3'"
-
-
-def test_far_behind_factor_from_env_and_flags(monkeypatch):
-    monkeypatch.delenv("AOTPACK_FAR_BEHIND_FACTOR", raising=False)
-    assert Settings.from_env().far_behind_factor == 1.4 == Settings().far_behind_factor
-    monkeypatch.setenv("AOTPACK_FAR_BEHIND_FACTOR", "2")
-    assert Settings.from_env().far_behind_factor == 2.0
-    assert Settings.from_env(far_behind_factor="0").far_behind_factor == 0.0
-    with pytest.raises(AotpackError) as error:
-        Settings.from_env(far_behind_factor="1")
-    assert str(error.value) == "--far-behind-factor must be 0 (off) or a number > 1, got '1'"
+        Settings.from_env(**{field: bad})
+    assert str(error.value) == message
 
 
 def test_candidates_that_differ_only_in_block_dim_share_one_binary(tmp_path):

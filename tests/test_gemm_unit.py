@@ -12,6 +12,7 @@ from aotpack.autotune import Choice, PythonModeRun, gemm_twins
 from aotpack.export import export_model, load_model_file
 from aotpack.ir import ExternCall, KernelCall
 from aotpack.lowering import lower
+from test_kernel_ir import lowered_source
 
 pytestmark = pytest.mark.unit
 
@@ -295,13 +296,5 @@ def test_a_template_tiling_estimated_far_behind_the_best_is_not_compiled(tmp_pat
     replayed = candidates.prepare(graph, cpu, settings, {winograd.kernel_id: recorded})
     assert replayed[winograd.kernel_id].candidates == (space[1],)
     assert cpu.ranks_tilings(winograd)
-    pointwise = lower(export_model(load_model_file(_pointwise_model(tmp_path))), cpu.dtypes).kernels[0]
+    (pointwise,) = lowered_source(tmp_path, "return torch.exp(x) * 2", "torch.randn(64, 1024)").kernels
     assert not cpu.ranks_tilings(pointwise)
-
-
-def _pointwise_model(tmp_path) -> Path:
-    path = tmp_path / "pointwise.py"
-    path.write_text("import torch\n\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
-                    "        return torch.exp(x) * 2\n\n\ndef model():\n    return M()\n\n\n"
-                    "def example_inputs():\n    return (torch.randn(64, 1024),)\n")
-    return path
