@@ -1,5 +1,7 @@
 """aotpack.timing: robust PGO statistics, driven by a fake launcher whose samples are scripted
 (no compiler, no real timing: every number below is exact)."""
+import math
+
 import pytest
 
 from aotpack import timing
@@ -74,12 +76,13 @@ def clean(us: float, rounds: int = ROUNDS) -> list:
 
 
 def test_rounds_are_interleaved_with_the_order_rotated_each_round():
-    result, launcher = run({"a": clean(100), "b": clean(200), "c": clean(300)})
+    # within PRUNE_FACTOR of each other: all three are timed in every round
+    result, launcher = run({"a": clean(100), "b": clean(110), "c": clean(120)})
     assert result.attempts == 1 and result.rounds == ROUNDS
     firsts = [launcher.order[3 * r] for r in range(ROUNDS)]
     assert firsts == ["a", "b", "c"] * (ROUNDS // 3)
     assert launcher.order[:6] == ["a", "b", "c", "b", "c", "a"]
-    assert result.estimates_us == [100.0, 200.0, 300.0]
+    assert result.estimates_us == [100.0, 110.0, 120.0]
 
 
 def test_outliers_do_not_move_the_estimate_or_the_winner():
@@ -308,9 +311,9 @@ def test_short_or_scaling_kernels_get_no_second_look():
 def test_stolen_time_while_timing_earns_a_second_look():
     ticks = iter([0, 3])  # 30 ms stolen in a ~5 ms timing; GEMM-step variants too: no block_dims
     pauses = []
-    result, _ = run({"a": clean(100.0), "b": clean(200.0) + clean(150.0)}, pauses, stolen=lambda: next(ticks))
+    result, _ = run({"a": clean(100.0), "b": clean(125.0) + clean(115.0)}, pauses, stolen=lambda: next(ticks))
     assert pauses == [timing.UNSCALED_PAUSE_S] and result.attempts == 2
-    assert result.estimates_us == [100.0, 150.0]  # the second look was less disturbed: kept
+    assert result.estimates_us == [100.0, 115.0]  # the second look was less disturbed: kept
     little = iter([0, 1])  # 10 ms stolen over a 15 s timing: under STOLEN_SHARE
     slow, _ = run({"a": clean(1_000_000.0)}, [], stolen=lambda: next(little))
     assert slow.attempts == 1
@@ -334,3 +337,34 @@ def test_steal_ticks_is_the_steal_column_and_zero_where_unreadable(monkeypatch, 
     assert timing.steal_ticks() == 9664
     stat.write_text("cpu 1 2\n")  # a kernel without the column
     assert timing.steal_ticks() == 0
+
+
+def test_a_candidate_clearly_behind_after_the_first_rounds_is_not_timed_again():
+    # b's fastest clean sample is 2x the leader's estimate (>= PRUNE_FACTOR); c is 1.2x
+    result, launcher = run({"a": clean(100.0), "b": clean(200.0), "c": clean(120.0)})
+    cut = timing.PRUNE_AFTER_ROUNDS
+    assert launcher.launches == {"a": timing.WARMUP_LAUNCHES + ROUNDS, "b": timing.WARMUP_LAUNCHES + cut,
+                                 "c": timing.WARMUP_LAUNCHES + ROUNDS}
+    assert result.us[1][:cut] == [200.0] * cut and all(math.isnan(u) for u in result.us[1][cut:])
+    assert result.clean[1] == [True] * cut + [False] * (ROUNDS - cut)
+    assert result.timed(1) == [200.0] * cut
+    assert result.estimates_us == [100.0, 200.0, 120.0] and result.clean_shares == [1.0, 1.0, 1.0]
+    assert result.attempts == 1 and not result.contended and result.rounds == ROUNDS
+    assert timing.clearly_faster(0, 1, [result], result.estimates_us)  # judged on the 5 shared rounds
+    assert decide([result], [1, 1, 1]).index == 0
+
+
+def test_preempted_samples_prune_nothing():
+    # b's first rounds were preempted (run-queue wait > CLEAN_DELAY_SHARE): they prove
+    # nothing about its time, so b stays in every round
+    slow_start = [(200.0, 50.0)] * timing.PRUNE_AFTER_ROUNDS + clean(90.0)
+    result, launcher = run({"a": clean(100.0), "b": slow_start})
+    assert launcher.launches["b"] == timing.WARMUP_LAUNCHES + ROUNDS
+    assert result.estimates_us == [100.0, 90.0] and decide([result], [1, 1]).index == 1
+
+
+def test_close_candidates_are_all_timed_in_every_round():
+    just_under = 100.0 * timing.PRUNE_FACTOR - 1.0
+    result, launcher = run({"a": clean(100.0), "b": clean(just_under)})
+    assert launcher.launches["b"] == timing.WARMUP_LAUNCHES + ROUNDS
+    assert result.estimates_us == [100.0, just_under]
