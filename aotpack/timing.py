@@ -203,7 +203,7 @@ class Timing:
     @property
     def spreads(self) -> list[float]:
         """Slowest sample / estimate per candidate (how noisy the machine was)."""
-        return [max(self.timed(c)) / low_quantile(self.timed(c)) for c in range(len(self.us))]
+        return [max(samples) / low_quantile(samples) for samples in map(self.timed, range(len(self.us)))]
 
     def contended_candidates(self) -> list[int]:
         """Candidates with fewer than ``MIN_CLEAN_SHARE`` clean samples."""
@@ -211,7 +211,8 @@ class Timing:
 
     def disagreeing_candidates(self) -> list[int]:
         """Candidates whose estimate exceeds their fastest sample by more than ``DISAGREE``."""
-        return [c for c in range(len(self.us)) if low_quantile(self.timed(c)) > DISAGREE * min(self.timed(c))]
+        return [c for c, samples in enumerate(map(self.timed, range(len(self.us))))
+                if low_quantile(samples) > DISAGREE * min(samples)]
 
     @property
     def contended(self) -> bool:
