@@ -198,6 +198,10 @@ def test_strided_lanes_split_the_image_into_its_phases():
     assert conv_template.solve(downsample, 2)[0].layout == "lanes"
     dilated = _kernel((1, 8, 20, 20), 8, (3, 3), (2, 2), (2, 2), (2, 2))  # strided and dilated: no lanes
     assert conv_template.lanes_layout(dilated) is None
+    patches = _kernel((1, 3, 224, 224), 384, (16, 16), (16, 16), (0, 0))  # ViT's patch embedding
+    assert conv_template.lanes_layout(patches) is None
+    assert [o.layout for o in conv_template.solve(patches, 2)[:3]] == ["nchw", "nhwc", "nchw"]
+    assert conv_template.lanes_layout(_kernel((1, 3, 224, 224), 64, (8, 8), (8, 8), (0, 0))) == "lanes"
 
 
 @pytest.mark.unit

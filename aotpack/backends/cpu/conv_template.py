@@ -217,11 +217,22 @@ LANES_MIN_POSITIONS = 16
 LANES_FIRST_MAX_K = 576
 
 
+#: ``lanes`` only for kernels up to this many taps wide. The template unrolls a kernel row
+#: whole (its window offsets constants), so compile time grows with the width, and wide
+#: kernels lose anyway: ViT-S/16's 16x16 stride-16 patch embedding compiled in 0.43 s (0.15 s
+#: for the direct template's candidates, at -O2) and ran 1.30x / 1.45x the direct ``nchw``
+#: tiling at 1 / 2 threads (1351 / 937 against 1041 / 647 us, AVX-512); unrolling the row
+#: only 8 deep compiled in 0.19 s but ran slower still.
+LANES_MAX_KERNEL_WIDTH = 8
+
+
 def lanes_layout(kernel: ConvKernel) -> str | None:
     """``pointwise`` (1x1, stride 1, no padding), ``lanes`` (any other convolution whose
     strided axes have dilation 1: ``lanes_phases``) or ``None`` (fewer than
-    ``LANES_MIN_POSITIONS`` positions, or an axis both strided and dilated)."""
-    if kernel.m < LANES_MIN_POSITIONS or any(s > 1 and d > 1 for s, d in zip(kernel.stride, kernel.dilation)):
+    ``LANES_MIN_POSITIONS`` positions, a kernel wider than ``LANES_MAX_KERNEL_WIDTH``, or an
+    axis both strided and dilated)."""
+    if (kernel.m < LANES_MIN_POSITIONS or kernel.kernel_size[1] > LANES_MAX_KERNEL_WIDTH
+            or any(s > 1 and d > 1 for s, d in zip(kernel.stride, kernel.dilation))):
         return None
     if kernel.kernel_size == (1, 1) and kernel.stride == (1, 1) and kernel.padding == (0, 0):
         return "pointwise"
