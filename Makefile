@@ -48,7 +48,8 @@ sysdeps:
 	fi
 
 runtime: venv sysdeps
-	cmake -S native -B native/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(TORCH_CMAKE)" >/dev/null
+	cmake -S native -B native/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(TORCH_CMAKE)" \
+	  -DPython3_EXECUTABLE="$(abspath $(PY))" >/dev/null
 	cmake --build native/build -j2
 
 clean:

@@ -1,7 +1,8 @@
 """Package build: setuptools for the Python code, CMake for the native runtime.
 
 ``pip install .`` compiles ``native/`` against the torch of the build environment and puts
-``libaotpack_runtime.so.0`` in ``aotpack/lib/`` and ``aotpack-run`` in ``aotpack/bin/`` of
+``libaotpack_runtime.so.0`` (and ``_aotpack_binding``, aotpack.load's per-call extension,
+where Python's headers are found) in ``aotpack/lib/`` and ``aotpack-run`` in ``aotpack/bin/`` of
 the wheel (``aotpack.runtime`` looks there). pyproject.toml pins the build's torch to the
 runtime dependency's version: the runtime links libtorch, so the two must be the same
 release. Editable installs (``make venv``) skip this step: the Makefile builds
@@ -25,6 +26,8 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 SYSTEM_PACKAGES = "g++ cmake pkg-config libarchive-dev libzstd-dev nlohmann-json3-dev libssl-dev"
 TARGETS = ("aotpack_runtime", "aotpack-run")
+#: aotpack.load's per-call extension (native/python/binding.cpp), built where Python's headers are.
+BINDING_TARGET = "aotpack_binding"
 
 
 def _run(command: list[str], what: str) -> None:
@@ -52,13 +55,19 @@ def build_native_runtime(package_dir: Path) -> None:
         raise SystemExit(f"aotpack: building the native runtime needs cmake; install {SYSTEM_PACKAGES}")
     with tempfile.TemporaryDirectory(prefix="aotpack-native-") as build:
         _run(["cmake", "-S", str(ROOT / "native"), "-B", build, "-DCMAKE_BUILD_TYPE=Release",
-              "-DAOTPACK_WHEEL=ON", f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"], "configure")
-        _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 1), "--target", *TARGETS], "build")
+              "-DAOTPACK_WHEEL=ON", f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+              f"-DPython3_EXECUTABLE={sys.executable}"], "configure")
+        # _aotpack_binding only where CMake found Python's headers (aotpack.load falls back to ctypes)
+        binding = "AOTPACK_BINDING_BUILT:INTERNAL=ON" in (Path(build) / "CMakeCache.txt").read_text()
+        targets = [*TARGETS, *([BINDING_TARGET] if binding else [])]
+        _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 1), "--target", *targets], "build")
         (package_dir / "lib").mkdir(parents=True, exist_ok=True)
         (package_dir / "bin").mkdir(parents=True, exist_ok=True)
         # The SONAME file, dereferenced (wheels hold no symlinks); aotpack-run asks for it.
         shutil.copyfile(Path(build) / "libaotpack_runtime.so.0", package_dir / "lib" / "libaotpack_runtime.so.0")
         shutil.copy2(Path(build) / "aotpack-run", package_dir / "bin" / "aotpack-run")
+        for module in Path(build).glob("_aotpack_binding*.so"):  # next to the library it calls
+            shutil.copy2(module, package_dir / "lib" / module.name)
 
 
 class BuildWithRuntime(build_py):

@@ -3,12 +3,17 @@
     model = aotpack.load("dist/mlp-0.1.0.aotpack")
     (y,) = model(x)        # torch tensors or numpy arrays in, a list of torch tensors out
 
-The binding is ctypes over the C API of ``native/include/aotpack/runtime.h``
-(``aotpack_model_load``, ``aotpack_model_run_dlpack``, ...) rather than a compiled
-extension (nanobind, pybind11): that C API is already the runtime's stable boundary
-(opaque handles, status codes, a thread-local error message, no C++ types), so a
-binding over it needs no compile step, no second build against Python's headers and no
-coupling to one Python ABI. ctypes drops the GIL for each foreign call, so threads run
+The model is loaded through the C API of ``native/include/aotpack/runtime.h`` with ctypes
+(``aotpack_model_load``, ``aotpack_model_manifest_json``, ...): that C API is the runtime's
+stable boundary (opaque handles, status codes, a thread-local error message, no C++ types).
+Each call goes through ``_aotpack_binding``, a small CPython extension built beside the
+runtime library (``native/python/binding.cpp``) when Python's headers are there: it passes
+the inputs' TensorImpls to ``aotpack_model_run_torch`` and wraps the outputs as torch
+tensors in C++, ~3 us per call against ~5.6 us through ctypes (views_cat, 2 threads). It
+calls the runtime through the function addresses ctypes resolved, so both always use the
+one library that loaded the model. Without the extension (no Python headers when the
+runtime was built, another Python version, ``AOTPACK_BINDING=ctypes``) the same path runs
+through ctypes. Either way the foreign call runs without the GIL, so threads run
 concurrently up to the runtime's own per-model lock.
 
 Per call (``benchmarks/call_overhead.py`` re-measures it): when every input is exactly a
@@ -35,8 +40,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib.machinery
+import importlib.util
 import json
+import logging
 import os
+import sysconfig
 import threading
 import weakref
 from dataclasses import dataclass
@@ -45,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aotpack.config import ENV_BINDING
 from aotpack.errors import AotpackError
 from aotpack.runtime import find_runtime_library
 
@@ -128,6 +138,12 @@ def _take(capsule) -> int:
 
 _library_lock = threading.Lock()
 _library_handle: ctypes.CDLL | None = None
+log = logging.getLogger("aotpack")
+BINDING_NAME = "_aotpack_binding"
+#: The extension module beside the runtime library, once looked for (None: not there or not
+#: importable, so ctypes runs every call).
+_binding_module = None
+_binding_looked_for = False
 #: Models not yet closed: closed at exit, so their extraction folders never stay behind.
 _open_models: "weakref.WeakSet[Model]" = weakref.WeakSet()
 
@@ -171,6 +187,35 @@ def _library() -> ctypes.CDLL:
         return _library_handle
 
 
+def _binding():
+    """``_aotpack_binding`` from the runtime library's folder (native/build, or aotpack/lib of
+    a wheel), or None: not built, built for another Python, or ``$AOTPACK_BINDING=ctypes``."""
+    global _binding_module, _binding_looked_for
+    with _library_lock:
+        if not _binding_looked_for:
+            _binding_looked_for = True
+            if os.environ.get(ENV_BINDING, "") != "ctypes":
+                _binding_module = _import_binding(find_runtime_library().parent)
+        return _binding_module
+
+
+def _import_binding(folder: Path):
+    path = folder / f"{BINDING_NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not path.is_file():
+        log.debug("%s not found: aotpack.load calls the runtime through ctypes", path)
+        return None
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(BINDING_NAME, str(path))
+        spec = importlib.util.spec_from_file_location(BINDING_NAME, path, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except ImportError as exc:  # e.g. built against another torch: ctypes still works
+        log.warning("cannot import %s (%s); aotpack.load calls the runtime through ctypes "
+                    "(~2.5 us more per call); rebuild it with `make runtime`", path, exc)
+        return None
+    return module
+
+
 def _last_error(lib: ctypes.CDLL) -> str:
     return lib.aotpack_last_error().decode("utf-8", "replace") or "unknown runtime error"
 
@@ -202,6 +247,99 @@ class TensorSpec:
                    tuple(entry["strides"]))
 
 
+class _CtypesRunner:
+    """One model's run path without ``_aotpack_binding``: the same interface as its
+    ``Runner`` (``run``, ``enter``, ``leave``, ``close``), over ctypes.
+
+    ``run`` passes the inputs' TensorImpls (``_impl_handles``) to ``aotpack_model_run_torch``
+    and returns the outputs, or None when an input must go by DLPack (nothing ran).
+    ``enter`` / ``leave`` bracket any other use of the handle; ``close`` waits for them and
+    returns True for the first close (its caller frees the handle)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p, num_outputs: int, name: str):
+        self._lib, self._handle, self._name = lib, handle, name
+        # The entry point without argtypes: run() passes ready-made ctypes objects (the
+        # handle, pointer arrays, int64 counts), so no per-argument conversion is needed.
+        self._run_torch = lib["aotpack_model_run_torch"] if _HAS_CDATA else None
+        if self._run_torch is not None:
+            self._run_torch.restype = ctypes.c_int32
+        self._num_outputs = num_outputs
+        self._count = ctypes.c_int64(num_outputs)
+        # _lock guards _active, _closing and _slots; close() waits on _state (over the same
+        # lock). A plain Lock, not the Condition's Python-level __enter__: ~0.2 against
+        # ~0.7 us per acquisition, twice a call.
+        self._lock = threading.Lock()
+        self._state = threading.Condition(self._lock)
+        self._active = 0
+        self._closing = False
+        #: Idle (input, output) pointer arrays, reused so a call allocates none; a call
+        #: that finds none (another thread holds them) makes its own.
+        self._slots: list = []
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._closing:
+                raise AotpackError(f"{self._name} is closed")
+            self._active += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._closing:
+                self._state.notify_all()
+
+    def close(self) -> bool:
+        with self._state:
+            first, self._closing = not self._closing, True
+            while self._active:
+                self._state.wait()
+        return first
+
+    def run(self, *tensors) -> list[torch.Tensor] | None:
+        impls = _impl_handles(tensors) if self._run_torch is not None else None
+        if impls is None:
+            return None
+        with self._lock:  # enter() and a slot in one acquisition
+            if self._closing:
+                raise AotpackError(f"{self._name} is closed")
+            self._active += 1
+            slots = self._slots.pop() if self._slots else None
+        if slots is None or len(slots[0]) < len(impls):
+            slots = _new_slots(len(impls), self._num_outputs)
+        inputs, outputs = slots
+        inputs[:len(impls)] = impls
+        try:
+            status = self._run_torch(self._handle, inputs, ctypes.c_int64(len(impls)), outputs, self._count)
+            pointers = outputs[:self._num_outputs]
+        finally:
+            with self._lock:  # leave() and the slot back in one acquisition
+                self._active -= 1
+                self._slots.append(slots)
+                if self._closing:
+                    self._state.notify_all()
+        if status == _NOT_PLAIN:
+            return None
+        if status:
+            raise AotpackError(_last_error(self._lib))
+        return _to_torch(pointers)
+
+
+def _new_slots(num_inputs: int, num_outputs: int):
+    return ((ctypes.c_void_p * max(num_inputs, 1))(), (ctypes.c_void_p * max(num_outputs, 1))())
+
+
+def _runner(lib: ctypes.CDLL, handle: ctypes.c_void_p, num_outputs: int, name: str):
+    """``_aotpack_binding.Runner`` over this model where the extension is there, else
+    ``_CtypesRunner``."""
+    binding = _binding()
+    if binding is None:
+        return _CtypesRunner(lib, handle, num_outputs, name)
+    address = ctypes.cast
+    return binding.Runner(run_torch=address(lib.aotpack_model_run_torch, ctypes.c_void_p).value,
+                          last_error=address(lib.aotpack_last_error, ctypes.c_void_p).value,
+                          model=handle.value, num_outputs=num_outputs, error_type=AotpackError, name=name)
+
+
 class Model:
     """A loaded archive; call it like a function. Use :func:`load` to create one.
 
@@ -221,25 +359,10 @@ class Model:
         if self._lib.aotpack_model_load(os.fsencode(self.path), device_limit, ctypes.byref(handle)):
             raise AotpackError(_last_error(self._lib))
         self._handle = handle
-        # _lock guards _handle, _active, _closing and _slots; close() waits on _state
-        # (over the same lock) for running calls. A plain Lock, not the Condition's
-        # Python-level __enter__: ~0.2 against ~0.7 us per acquisition, twice a call.
-        self._lock = threading.Lock()
-        self._state = threading.Condition(self._lock)
-        self._active = 0
-        self._closing = False
-        # The entry point without argtypes: run() passes ready-made ctypes objects (the
-        # handle, pointer arrays, int64 counts), so no per-argument conversion is needed.
-        self._run_dlpack = self._lib["aotpack_model_run_dlpack"]
-        self._run_dlpack.restype = ctypes.c_int32
-        #: The fast path for plain torch tensors (``_impl_handles``); None: DLPack only.
-        self._run_torch = self._lib["aotpack_model_run_torch"] if _HAS_CDATA else None
-        if self._run_torch is not None:
-            self._run_torch.restype = ctypes.c_int32
         text = ctypes.c_char_p()
         if self._lib.aotpack_model_manifest_json(handle, ctypes.byref(text)):
             message = _last_error(self._lib)
-            self.close()
+            self._lib.aotpack_model_free(handle)
             raise AotpackError(message)
         #: manifest.json of the archive, parsed.
         self.manifest: dict = json.loads(text.value.decode("utf-8"))
@@ -249,16 +372,14 @@ class Model:
         self.name: str = self.manifest["name"]
         self.version: str = self.manifest["version"]
         self._mutated = set(self.manifest.get("mutated_inputs", []))
-        self._num_inputs = ctypes.c_int64(len(self.inputs))
+        # The DLPack door (numpy arrays, subclasses, autograd tensors), without argtypes as
+        # the runner's: run() passes ready-made ctypes objects.
+        self._run_dlpack = self._lib["aotpack_model_run_dlpack"]
+        self._run_dlpack.restype = ctypes.c_int32
         self._num_outputs = ctypes.c_int64(len(self.outputs))
-        #: Idle (input, output) pointer arrays, reused so a call allocates none; a call
-        #: that finds none (another thread holds them) makes its own.
-        self._slots: list = [self._new_slots(len(self.inputs))]
+        #: Every use of the handle goes through it: the per-call path and the close protocol.
+        self._runner = _runner(self._lib, handle, len(self.outputs), f"model '{self.name}' {self.version}")
         _open_models.add(self)
-
-    def _new_slots(self, num_inputs: int):
-        return ((ctypes.c_void_p * max(num_inputs, 1))(),
-                (ctypes.c_void_p * max(len(self.outputs), 1))())
 
     def __repr__(self) -> str:
         signature = ", ".join(f"{s.name}: {str(s.dtype).removeprefix('torch.')}{list(s.shape)}"
@@ -308,76 +429,46 @@ class Model:
                 closed model, or a failure inside the model; one line naming the model
                 and the input.
         """
-        impls = _impl_handles(tensors) if self._run_torch is not None else None
-        num_inputs = len(tensors)
-        with self._lock:
-            if self._handle is None:
-                raise AotpackError(f"model '{self.name}' {self.version} is closed")
-            self._active += 1
-            slots = self._slots.pop() if self._slots else None
-        if slots is None or len(slots[0]) < num_inputs:
-            slots = self._new_slots(num_inputs)
-        inputs, outputs = slots
-        count = self._num_inputs if num_inputs == len(self.inputs) else ctypes.c_int64(num_inputs)
-        try:
-            if impls is None or not self._run_impls(impls, inputs, count, outputs):
-                self._run_capsules(tensors, inputs, count, outputs)
-            pointers = outputs[:len(self.outputs)]
-        finally:
-            with self._lock:
-                self._active -= 1
-                self._slots.append(slots)
-                if self._closing:
-                    self._state.notify_all()
-        return _to_torch(pointers)
+        outputs = self._runner.run(*tensors)
+        return self._run_capsules(tensors) if outputs is None else outputs
 
     __call__ = run
 
-    def _run_impls(self, impls: list[int], inputs, count, outputs) -> bool:
-        """Run on the inputs' own TensorImpls (borrowed: ``run``'s caller holds the tensors);
-        False when the runtime refused one as not plain (nothing ran)."""
-        inputs[:len(impls)] = impls
-        status = self._run_torch(self._handle, inputs, count, outputs, self._num_outputs)
-        if status == _NOT_PLAIN:
-            return False
-        if status:
-            raise AotpackError(_last_error(self._lib))
-        return True
-
-    def _run_capsules(self, tensors, inputs, count, outputs) -> None:
+    def _run_capsules(self, tensors) -> list[torch.Tensor]:
         """Run on DLPack exports of the inputs (numpy arrays, subclasses, autograd tensors)."""
-        capsules = []
-        for index, value in enumerate(tensors):
-            capsule = _fast_capsule(value)  # plain CPU tensors: no further checks needed
-            capsules.append(self._export(index, value) if capsule is None else capsule)
-        for i, capsule in enumerate(capsules):  # the runtime owns the inputs from here on
-            inputs[i] = _take(capsule)
-        if self._run_dlpack(self._handle, inputs, count, outputs, self._num_outputs):
-            raise AotpackError(_last_error(self._lib))
+        self._runner.enter()
+        try:
+            capsules = []
+            for index, value in enumerate(tensors):
+                capsule = _fast_capsule(value)  # plain CPU tensors: no further checks needed
+                capsules.append(self._export(index, value) if capsule is None else capsule)
+            inputs, outputs = _new_slots(len(capsules), len(self.outputs))
+            for i, capsule in enumerate(capsules):  # the runtime owns the inputs from here on
+                inputs[i] = _take(capsule)
+            if self._run_dlpack(self._handle, inputs, ctypes.c_int64(len(capsules)), outputs, self._num_outputs):
+                raise AotpackError(_last_error(self._lib))
+            pointers = outputs[:len(self.outputs)]
+        finally:
+            self._runner.leave()
+        return _to_torch(pointers)
 
     def stats(self) -> dict[str, int]:
         """Counters since load: ``runs``, ``inputs_used`` (passed in place, no copy) and
         ``inputs_copied`` (copied into the manifest's strides first)."""
         stats = _RunStats()
-        with self._lock:
-            if self._handle is None:
-                raise AotpackError(f"model '{self.name}' {self.version} is closed")
+        self._runner.enter()
+        try:
             if self._lib.aotpack_model_stats(self._handle, ctypes.byref(stats)):
                 raise AotpackError(_last_error(self._lib))
+        finally:
+            self._runner.leave()
         return {"runs": stats.runs, "inputs_used": stats.inputs_used, "inputs_copied": stats.inputs_copied}
 
     def close(self) -> None:
         """Unload the model (waits for running calls). Outputs already returned stay valid."""
-        state = getattr(self, "_state", None)
-        if state is None:
-            return
-        with state:
-            self._closing = True
-            while self._active:
-                state.wait()
-            handle, self._handle = self._handle, None
-        if handle:
-            self._lib.aotpack_model_free(handle)
+        runner = getattr(self, "_runner", None)
+        if runner is not None and runner.close():
+            self._lib.aotpack_model_free(self._handle)
 
     def __enter__(self) -> "Model":
         return self

@@ -2,8 +2,9 @@
 
 By default the model is ``x + 1`` on a 4x4 float32 tensor (one fused kernel of a few
 nanoseconds), so what is timed is the call itself: aotpack's Python binding
-(``aotpack.load``: the inputs' TensorImpls (DLPack exports for numpy arrays and the like),
-the ctypes call, ``torch.from_dlpack`` of the outputs) plus the runtime's native run path
+(``aotpack.load``: ``_aotpack_binding`` hands the inputs' TensorImpls to the runtime and
+wraps its outputs as torch tensors; ``AOTPACK_BINDING=ctypes`` times the same steps through
+ctypes) plus the runtime's native run path
 (input checks, output allocation, the
 model.so run, DLPack export), against eager's dispatch of one ``add``. ``--model`` times
 another model file on its example inputs instead (for example

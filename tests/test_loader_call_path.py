@@ -4,6 +4,9 @@ C API's ownership of DLPack inputs on every error (runtime.h: the consumer rule)
 from __future__ import annotations
 
 import ctypes
+import sysconfig
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +20,21 @@ from conftest import MODELS
 pytestmark = pytest.mark.native
 
 
-@pytest.fixture(scope="module")
-def add_one(build_model):
-    with aotpack.load(build_model(MODELS / "add_one.py").archive, device_limit=1) as model:
-        yield model
+@pytest.fixture(scope="module", params=["binding", "ctypes"])
+def add_one(build_model, request):
+    """The model through _aotpack_binding, then through ctypes alone (no extension)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "ctypes":
+            patch.setattr(loader, "_binding", lambda: None)
+        with aotpack.load(build_model(MODELS / "add_one.py").archive, device_limit=1) as model:
+            assert type(model._runner).__name__ == {"binding": "Runner", "ctypes": "_CtypesRunner"}[request.param]
+            yield model
+
+
+def test_the_binding_is_built_beside_the_runtime_library_and_used():
+    binding = loader._binding()
+    assert binding is not None and binding.__name__ == "_aotpack_binding"
+    assert Path(binding.__file__).parent == loader.find_runtime_library().parent
 
 
 def test_fast_capsule_only_for_plain_cpu_tensors():
@@ -44,22 +58,31 @@ def test_impl_handles_only_when_every_input_is_a_plain_tensor():
 
 
 def test_plain_tensors_take_the_tensor_door_and_the_rest_dlpack(add_one, monkeypatch):
-    statuses = []
-    door = add_one._run_torch
+    doors = []
+    runner, by_dlpack = add_one._runner, add_one._run_capsules
 
-    def counted(*args):
-        statuses.append(door(*args))
-        return statuses[-1]
+    class Counted:  # the runner's interface, recording what each call did
+        enter, leave, close = runner.enter, runner.leave, runner.close
 
-    monkeypatch.setattr(add_one, "_run_torch", counted)
+        def run(self, *tensors):
+            outputs = runner.run(*tensors)
+            doors.append("tensor" if outputs is not None else "refused")
+            return outputs
+
+    def dlpack(tensors):
+        doors.append("dlpack")
+        return by_dlpack(tensors)
+
+    monkeypatch.setattr(add_one, "_runner", Counted())
+    monkeypatch.setattr(add_one, "_run_capsules", dlpack)
     x = torch.arange(16.0).reshape(4, 4)
-    # (input, statuses of aotpack_model_run_torch: 0 ran, 2 refused so DLPack ran)
-    cases = [(x, [0]), (x.t().contiguous().t(), [0]), (x.clone().requires_grad_(), [2]),
-             (torch.nn.Parameter(x.clone()), []), (x.numpy(), [])]
+    cases = [(x, ["tensor"]), (x.t().contiguous().t(), ["tensor"]),
+             (x.clone().requires_grad_(), ["refused", "dlpack"]),
+             (torch.nn.Parameter(x.clone()), ["refused", "dlpack"]), (x.numpy(), ["refused", "dlpack"])]
     for value, expected in cases:
-        statuses.clear()
+        doors.clear()
         (y,) = add_one(value)
-        assert torch.equal(y, x + 1) and statuses == expected
+        assert torch.equal(y, x + 1) and doors == expected
 
 
 @pytest.mark.parametrize("kind", ["autograd", "conjugate", "negative", "sparse", "meta", "subclass"])
@@ -208,3 +231,46 @@ def test_c_api_adopts_row_major_inputs_without_strides(add_one):
     assert (rc, message, handed.calls) == (0, None, 1)  # freed at the end of the call
     (y,) = loader._to_torch([output])
     assert torch.equal(y, x + 1)
+
+
+@pytest.mark.parametrize("kind", ["binding", "ctypes"])
+def test_close_waits_for_running_calls_and_later_calls_are_refused(build_model, monkeypatch, kind):
+    if kind == "ctypes":
+        monkeypatch.setattr(loader, "_binding", lambda: None)
+    model = aotpack.load(build_model(MODELS / "add_one.py").archive, device_limit=1)
+    x = torch.arange(16.0).reshape(4, 4)
+    started, results = threading.Barrier(5), []
+
+    def caller():
+        started.wait()
+        try:
+            while True:  # until the close refuses a call
+                results.append(torch.equal(model(x)[0], x + 1))
+        except AotpackError as error:
+            results.append(str(error))
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    model.close()
+    for thread in threads:
+        thread.join()
+    # every call ran correctly until the close refused one; each thread stops there
+    assert set(results) <= {True, "model 'add_one' 0.1.0 is closed"}
+    assert results.count("model 'add_one' 0.1.0 is closed") == 4
+    with pytest.raises(AotpackError, match="^model 'add_one' 0.1.0 is closed$"):
+        model.stats()
+
+
+def test_binding_can_be_turned_off_and_a_broken_one_falls_back_to_ctypes(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(loader, "_binding_looked_for", False)
+    monkeypatch.setenv("AOTPACK_BINDING", "ctypes")
+    assert loader._binding() is None
+    assert loader._import_binding(tmp_path) is None  # not built there
+    broken = tmp_path / f"_aotpack_binding{sysconfig.get_config_var('EXT_SUFFIX')}"
+    broken.write_bytes(b"not an ELF file")
+    assert loader._import_binding(tmp_path) is None
+    assert caplog.messages[-1].startswith(f"cannot import {broken} (")
+    assert caplog.messages[-1].endswith("); aotpack.load calls the runtime through ctypes (~2.5 us more "
+                                        "per call); rebuild it with `make runtime`")

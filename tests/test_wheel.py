@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def test_wheel_is_platform_specific_and_holds_the_runtime(installed):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"aotpack/bin/aotpack-run", "aotpack/lib/libaotpack_runtime.so.0",
             "aotpack/templates/model.cpp.j2", "aotpack/include/kernel_abi.h"} <= names
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    assert f"aotpack/lib/_aotpack_binding{suffix}" in names
 
 
 def test_installed_copy_builds_and_runs_without_the_checkout(installed, tmp_path, cache_dir):
@@ -53,13 +56,14 @@ def test_installed_copy_builds_and_runs_without_the_checkout(installed, tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("AOTPACK_RUNTIME")}
     env.update(PYTHONPATH=str(installed), AOTPACK_CACHE_DIR=str(cache_dir))
     script = f"""
-import sys, numpy as np, aotpack
+import sys, numpy as np, torch, aotpack
 from aotpack import runtime
 assert runtime.find_runtime().is_relative_to({str(installed)!r}), runtime.find_runtime()
 assert runtime.find_runtime_library().is_relative_to({str(installed)!r})
 x = np.load(sys.argv[1])
 with aotpack.load(sys.argv[2]) as model:
-    (y,) = model(x)
+    assert type(model._runner).__name__ == "Runner", model._runner  # the wheel's _aotpack_binding
+    (y,) = model(torch.from_numpy(x))
 np.save(sys.argv[3], y.numpy())
 """
     reference, (x,) = eager_outputs(SAMPLES / "mlp.py")
