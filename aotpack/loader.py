@@ -191,11 +191,12 @@ def _binding():
     """``_aotpack_binding`` from the runtime library's folder (native/build, or aotpack/lib of
     a wheel), or None: not built, built for another Python, or ``$AOTPACK_BINDING=ctypes``."""
     global _binding_module, _binding_looked_for
+    if os.environ.get(ENV_BINDING, "") == "ctypes":  # read at every load, not only the first
+        return None
     with _library_lock:
         if not _binding_looked_for:
             _binding_looked_for = True
-            if os.environ.get(ENV_BINDING, "") != "ctypes":
-                _binding_module = _import_binding(find_runtime_library().parent)
+            _binding_module = _import_binding(find_runtime_library().parent)
         return _binding_module
 
 
@@ -209,7 +210,7 @@ def _import_binding(folder: Path):
         spec = importlib.util.spec_from_file_location(BINDING_NAME, path, loader=loader)
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
-    except ImportError as exc:  # e.g. built against another torch: ctypes still works
+    except Exception as exc:  # e.g. built against another torch: ctypes still works
         log.warning("cannot import %s (%s); aotpack.load calls the runtime through ctypes "
                     "(~2.5 us more per call); rebuild it with `make runtime`", path, exc)
         return None
@@ -359,11 +360,18 @@ class Model:
         if self._lib.aotpack_model_load(os.fsencode(self.path), device_limit, ctypes.byref(handle)):
             raise AotpackError(_last_error(self._lib))
         self._handle = handle
+        try:
+            self._describe(handle)
+        except BaseException:  # nothing else holds the handle yet
+            self._lib.aotpack_model_free(handle)
+            raise
+        _open_models.add(self)
+
+    def _describe(self, handle: ctypes.c_void_p) -> None:
+        """The signature and names from the manifest, and the runner over ``handle``."""
         text = ctypes.c_char_p()
         if self._lib.aotpack_model_manifest_json(handle, ctypes.byref(text)):
-            message = _last_error(self._lib)
-            self._lib.aotpack_model_free(handle)
-            raise AotpackError(message)
+            raise AotpackError(_last_error(self._lib))
         #: manifest.json of the archive, parsed.
         self.manifest: dict = json.loads(text.value.decode("utf-8"))
         #: The signature, in the order run() takes and returns tensors.
@@ -379,7 +387,6 @@ class Model:
         self._num_outputs = ctypes.c_int64(len(self.outputs))
         #: Every use of the handle goes through it: the per-call path and the close protocol.
         self._runner = _runner(self._lib, handle, len(self.outputs), f"model '{self.name}' {self.version}")
-        _open_models.add(self)
 
     def __repr__(self) -> str:
         signature = ", ".join(f"{s.name}: {str(s.dtype).removeprefix('torch.')}{list(s.shape)}"

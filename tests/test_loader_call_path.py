@@ -78,7 +78,9 @@ def test_plain_tensors_take_the_tensor_door_and_the_rest_dlpack(add_one, monkeyp
     x = torch.arange(16.0).reshape(4, 4)
     cases = [(x, ["tensor"]), (x.t().contiguous().t(), ["tensor"]),
              (x.clone().requires_grad_(), ["refused", "dlpack"]),
-             (torch.nn.Parameter(x.clone()), ["refused", "dlpack"]), (x.numpy(), ["refused", "dlpack"])]
+             (torch.nn.Parameter(x.clone()), ["refused", "dlpack"]),
+             (torch.nn.Parameter(x.clone(), requires_grad=False), ["refused", "dlpack"]),
+             (x.numpy(), ["refused", "dlpack"])]
     for value, expected in cases:
         doors.clear()
         (y,) = add_one(value)
@@ -255,7 +257,8 @@ def test_close_waits_for_running_calls_and_later_calls_are_refused(build_model, 
     started.wait()
     model.close()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)  # a hang fails here, not forever
     # every call ran correctly until the close refused one; each thread stops there
     assert set(results) <= {True, "model 'add_one' 0.1.0 is closed"}
     assert results.count("model 'add_one' 0.1.0 is closed") == 4

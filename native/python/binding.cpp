@@ -50,15 +50,22 @@ struct Runner {
   bool closing;
 };
 
-// Counts one use of the model handle; false (error set) once close() began.
+// Counts one use of the model handle; false (error set) once close() began. The error is
+// raised after the lock is released: creating it may run a collection, and a __del__ there
+// may close another model, which releases the GIL.
 bool enter(Runner* self) {
-  std::lock_guard<std::mutex> guard(*self->lock);
-  if (self->closing) {
-    PyErr_SetObject(self->error_type, self->closed_message);
+  if (self->model == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Runner used before __init__");
     return false;
   }
-  ++self->active;
-  return true;
+  bool closing;
+  {
+    std::lock_guard<std::mutex> guard(*self->lock);
+    closing = self->closing;
+    if (!closing) ++self->active;
+  }
+  if (closing) PyErr_SetObject(self->error_type, self->closed_message);
+  return !closing;
 }
 
 void leave(Runner* self) {
@@ -98,10 +105,11 @@ PyObject* wrap_outputs(DLManagedTensorVersioned** outputs, int64_t count) {
 }
 
 PyObject* runner_run(Runner* self, PyObject* const* args, Py_ssize_t nargs) {
-  // Exactly torch.Tensor (no subclass): its TensorImpl goes in; the runtime checks the rest.
+  // Exactly torch.Tensor (no subclass, not even nn.Parameter, as aotpack.loader's ctypes
+  // path): its TensorImpl goes in; the runtime checks the rest.
   std::vector<void*> inputs(static_cast<size_t>(nargs));
   for (Py_ssize_t i = 0; i < nargs; ++i) {
-    if (!THPVariable_CheckExact(args[i])) Py_RETURN_NONE;
+    if (Py_TYPE(args[i]) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) Py_RETURN_NONE;
     inputs[i] = THPVariable_Unpack(args[i]).unsafeGetTensorImpl();
   }
   std::vector<DLManagedTensorVersioned*> outputs(static_cast<size_t>(self->num_outputs), nullptr);
@@ -115,8 +123,13 @@ PyObject* runner_run(Runner* self, PyObject* const* args, Py_ssize_t nargs) {
   Py_END_ALLOW_THREADS
   leave(self);
   if (status == kNotPlain) Py_RETURN_NONE;
-  if (status != 0) {
-    PyErr_SetString(self->error_type, message.empty() ? "unknown runtime error" : message.c_str());
+  if (status != 0) {  // decoded as the ctypes path does: invalid UTF-8 replaced, not raised
+    if (message.empty()) message = "unknown runtime error";
+    PyObject* text = PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()), "replace");
+    if (text != nullptr) {
+      PyErr_SetObject(self->error_type, text);
+      Py_DECREF(text);
+    }
     return nullptr;
   }
   return wrap_outputs(outputs.data(), self->num_outputs);
@@ -135,10 +148,13 @@ PyObject* runner_leave(Runner* self, PyObject*) {
 PyObject* runner_close(Runner* self, PyObject*) {
   bool first;
   Py_BEGIN_ALLOW_THREADS  // running calls need the GIL to finish
-  std::unique_lock<std::mutex> guard(*self->lock);
-  first = !self->closing;
-  self->closing = true;
-  self->idle->wait(guard, [self] { return self->active == 0; });
+  {
+    // released before the GIL is taken back: a caller holding the GIL may wait for it
+    std::unique_lock<std::mutex> guard(*self->lock);
+    first = !self->closing;
+    self->closing = true;
+    self->idle->wait(guard, [self] { return self->active == 0; });
+  }
   Py_END_ALLOW_THREADS
   return PyBool_FromLong(first);
 }
@@ -154,6 +170,10 @@ int runner_init(Runner* self, PyObject* args, PyObject* kwargs) {
     return -1;
   if (run_torch == 0 || last_error == 0 || model == 0 || num_outputs < 0) {
     PyErr_SetString(PyExc_ValueError, "Runner: NULL function or model, or negative output count");
+    return -1;
+  }
+  if (self->model != nullptr) {  // one Runner serves one model for its whole life
+    PyErr_SetString(PyExc_RuntimeError, "Runner is already initialised");
     return -1;
   }
   self->run_torch = reinterpret_cast<RunTorchFn>(static_cast<uintptr_t>(run_torch));
