@@ -25,7 +25,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 SYSTEM_PACKAGES = "g++ cmake pkg-config libarchive-dev libzstd-dev nlohmann-json3-dev libssl-dev"
-#: Without it the wheel has no _aotpack_binding and aotpack.load calls through ctypes (~3 us more).
+#: Without it the wheel has no _aotpack_binding and aotpack.load calls through ctypes (~2.5 us more per call).
 BINDING_PACKAGE = "python3-dev"
 TARGETS = ("aotpack_runtime", "aotpack-run")
 #: aotpack.load's per-call extension (native/python/binding.cpp), built where Python's headers are.
@@ -63,7 +63,7 @@ def build_native_runtime(package_dir: Path) -> None:
         binding = "AOTPACK_BINDING_BUILT:INTERNAL=ON" in (Path(build) / "CMakeCache.txt").read_text()
         if not binding:
             print(f"aotpack: Python's headers not found, so no _aotpack_binding: aotpack.load will call "
-                  f"through ctypes (~3 us more per call); install {BINDING_PACKAGE} for it", file=sys.stderr)
+                  f"through ctypes (~2.5 us more per call); install {BINDING_PACKAGE} for it", file=sys.stderr)
         targets = [*TARGETS, *([BINDING_TARGET] if binding else [])]
         _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 1), "--target", *targets], "build")
         (package_dir / "lib").mkdir(parents=True, exist_ok=True)

@@ -267,7 +267,6 @@ def test_close_waits_for_running_calls_and_later_calls_are_refused(build_model, 
 
 
 def test_binding_can_be_turned_off_and_a_broken_one_falls_back_to_ctypes(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(loader, "_binding_looked_for", False)
     monkeypatch.setenv("AOTPACK_BINDING", "ctypes")
     assert loader._binding() is None
     assert loader._import_binding(tmp_path) is None  # not built there
