@@ -136,7 +136,9 @@ def test_tilings_default_first_unique_with_their_workspace():
     # past LANES_FIRST_MAX_K the direct default leads and the lanes default (the padded image, one k block) follows
     assert options[:3] == [ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nchw", workspace=image + partials),
                            ConvTiling(block_dim=2, mr=4, mc=24, kc=512, layout="lanes", workspace=image, nr=24),
-                           ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nhwc", workspace=image + partials)]
+                           ConvTiling(block_dim=1, mr=6, mc=54, kc=56, layout="nchw", workspace=image + partials)]
+    # channels-last is offered last: it won no race at --topn 3 (ResNet-18, MobileNetV3, ViT)
+    assert options[-1] == ConvTiling(block_dim=2, mr=6, mc=54, kc=56, layout="nhwc", workspace=image + partials)
     assert options[0].tiling_repr == "cpu_conv;block_dim=2;mr=6;mc=54;kc=56;layout=nchw"
     assert len(set(options)) == len(options) and all(o.block_dim <= 2 for o in options)
     assert all(o.mc % o.mr == 0 for o in options if o.layout != "lanes")
@@ -150,7 +152,7 @@ def test_tilings_default_first_unique_with_their_workspace():
         ("pointwise", 1, 0), ("nchw", 1, 0), ("pointwise", 4, 0), ("pointwise", 1, 0)]
     assert unpadded[0].tiling_repr == "cpu_conv;block_dim=1;mr=4;mc=24;kc=8;layout=pointwise;nr=24"
     assert (unpadded[3].mr, unpadded[3].nr) == (6, 16)  # the other AVX2 register tile
-    assert unpadded[4].layout == "nhwc" and unpadded[4].workspace == 832  # the channels-last copy: 800 bytes, 64-aligned
+    assert unpadded[-1].layout == "nhwc" and unpadded[-1].workspace == 832  # the channels-last copy: 800 bytes, 64-aligned
     assert conv_template.solve(deep, 2, count=2) == options[:2]
     shallow = conv_template.solve(_kernel((1, 16, 12, 12), 16), 2)  # K = 144: lanes first
     assert [(o.layout, o.workspace) for o in shallow[:2]] == [("lanes", 16 * 14 * 14 * 4), ("nchw", 16 * 14 * 14 * 4)]
@@ -200,7 +202,7 @@ def test_strided_lanes_split_the_image_into_its_phases():
     assert conv_template.lanes_layout(dilated) is None
     patches = _kernel((1, 3, 224, 224), 384, (16, 16), (16, 16), (0, 0))  # ViT's patch embedding
     assert conv_template.lanes_layout(patches) is None
-    assert [o.layout for o in conv_template.solve(patches, 2)[:3]] == ["nchw", "nhwc", "nchw"]
+    assert [o.layout for o in conv_template.solve(patches, 2)] == ["nchw"] * 5 + ["nhwc"]
     assert conv_template.lanes_layout(_kernel((1, 3, 224, 224), 64, (8, 8), (8, 8), (0, 0))) == "lanes"
 
 
