@@ -104,7 +104,12 @@ def main() -> None:
     parser.add_argument("--topn", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write every build's choices here")
     args = parser.parse_args()
-    results = run(args.model, args.rounds, args.busy, args.topn)
+    if not args.model.is_file():
+        sys.exit(f"pgo_under_load: no model file {args.model}: give the path of a model .py")
+    try:
+        results = run(args.model, args.rounds, args.busy, args.topn)
+    except subprocess.CalledProcessError as failed:  # aotpack printed its own error above
+        sys.exit(f"pgo_under_load: `{' '.join(failed.cmd[1:4])} ...` failed with exit status {failed.returncode}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     report(results)
