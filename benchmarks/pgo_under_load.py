@@ -66,6 +66,12 @@ def run(model: Path, rounds: int, busy: int, topn: int) -> dict[str, list]:
     return results
 
 
+def _idle_us(results: dict[str, list], name: str, winners: set[str]) -> dict[str, float]:
+    """Median over the idle builds of each of ``winners``' timing (us) for kernel ``name``."""
+    timings = [build[name][1] for build in results["idle"] if name in build]
+    return {w: statistics.median(t[w] for t in timings) for w in winners}
+
+
 def report(results: dict[str, list]) -> int:
     """Print the comparison; return how many kernels the load changed (idle builds agreeing)."""
     names = sorted({name for build in results["idle"] + results["busy"] for name in build})
@@ -76,16 +82,17 @@ def report(results: dict[str, list]) -> int:
         loaded = [b[name][0] for b in results["busy"] if name in b]
         labels = {w: chr(ord("A") + i) for i, w in enumerate(dict.fromkeys(idle + loaded))}
         note = ""
-        timings = [b[name][1] for b in results["idle"] if name in b]
-        idle_us = {w: statistics.median(t[w] for t in timings) for w in labels}  # by the idle builds' timings
-        if len(set(idle)) > 1:
+        if not idle or not loaded:  # a kernel tuned on one side only: the load changed what was tuned
+            changed += 1
+            note = f"tuned only in the {'busy' if not idle else 'idle'} builds"
+        elif len(set(idle)) > 1:
             close += 1
-            note = (f"idle builds disagree: a close call (their winners within "
-                    f"{max(idle_us[w] for w in idle) / min(idle_us[w] for w in idle):.2f}x)")
+            us = _idle_us(results, name, set(idle))
+            note = f"idle builds disagree: a close call (their winners within {max(us.values()) / min(us.values()):.2f}x)"
         elif set(loaded) - set(idle):
             changed += 1
-            base = idle_us[idle[0]]
-            worst = max(idle_us[w] for w in set(loaded) - set(idle))
+            us = _idle_us(results, name, set(idle + loaded))
+            base, worst = us[idle[0]], max(us[w] for w in set(loaded) - set(idle))
             note = f"busy pick {worst / base:.2f}x the idle winner's time ({worst:.1f} vs {base:.1f} us, idle timings)"
         print(f"{name[:44]:44s} {''.join(labels[w] for w in idle):>14s} {''.join(labels[w] for w in loaded):>14s}  {note}")
         if note:

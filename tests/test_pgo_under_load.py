@@ -28,3 +28,13 @@ def test_report_tells_load_changes_from_close_calls(capsys):
                                  "1 close calls (idle builds disagree)")
     rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.startswith(("gemm_", "fused_"))}
     assert rows == {"gemm_none_1": ["AA", "BA"], "fused_clone_9": ["AB", "BB"]}
+
+
+def test_a_kernel_tuned_on_one_side_only_counts_as_changed(capsys):
+    busy = _build("mr=14", "simd") | {"fused_mean_3": ("inner_tile=64", {"inner_tile=64": 2.0, "inner_tile=32": 2.1})}
+    results = {"idle": [_build("mr=14", "simd")], "busy": [busy]}
+    assert pgo_under_load.report(results) == 1
+    out = capsys.readouterr().out
+    assert "fused_mean_3" in out and "tuned only in the busy builds" in out
+    assert out.rstrip().endswith("4 tuned kernels and GEMM steps: 3 same winners, 1 changed by the load, "
+                                 "0 close calls (idle builds disagree)")

@@ -1,6 +1,6 @@
 // _aotpack_binding: aotpack.load's per-call path as a CPython extension. A ctypes call of the
 // runtime, the TensorImpl hand-over of its inputs and a DLPack import per output cost ~2.6 us
-// from Python (views_cat: 5.6 against 3.0 us per call at 2 threads); here the same steps are
+// from Python (views_cat: 5.6 against 3.0-3.3 us per call at 2 threads); here the same steps are
 // a few C++ calls.
 //
 // The extension does not link libaotpack_runtime: aotpack.loader loads that library with
