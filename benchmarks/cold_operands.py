@@ -14,10 +14,9 @@ torch first (|d| <= 1e-4 + 1e-3 |ref|).
 from __future__ import annotations
 
 import argparse
-import statistics
+import itertools
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import conv_template as conv_bench  # noqa: E402
 import gemm_template as gemm_bench  # noqa: E402
-from common import compile_candidates, target_vector_bytes  # noqa: E402
+from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 from aotpack.backends.cpu import winograd_template  # noqa: E402
 from aotpack.ir import Buffer, contiguous_strides  # noqa: E402
@@ -91,25 +90,16 @@ def measure(case, shape: str, threads: int, rounds: int, work: Path) -> list[tup
     launcher, tilings, operands, reference = case(shape, threads, work)
     sets = _operand_sets(operands, _copies(*operands))
     args = [launcher.arguments(s) for s in sets]  # the tensors stay alive in `sets`
+    variants = {}
     for t in tilings:
         launcher.launch(t.kernel_key, args[0])
         torch.testing.assert_close(operands[-1], reference, atol=ATOL, rtol=RTOL, msg=lambda m: f"{t.tiling_repr}: {m}")
-    start = time.perf_counter()
-    launcher.launch(tilings[0].kernel_key, args[0])
-    calls = max(len(args), int(0.05 / max(time.perf_counter() - start, 1e-6)))
-    warm = {t.kernel_key: [] for t in tilings}
-    cold = {t.kernel_key: [] for t in tilings}
-    for _ in range(rounds):
-        for t in tilings:
-            for samples, pick in ((warm, lambda i: args[0]), (cold, lambda i: args[i % len(args)])):
-                times = []
-                for i in range(calls):
-                    begin = time.perf_counter()
-                    launcher.launch(t.kernel_key, pick(i))
-                    times.append(time.perf_counter() - begin)
-                samples[t.kernel_key].append(statistics.median(times) * 1e6)
-    return [(t.tiling_repr, statistics.median(warm[t.kernel_key]), statistics.median(cold[t.kernel_key]))
-            for t in tilings]
+        variants[t.tiling_repr, "warm"] = lambda key=t.kernel_key: launcher.launch(key, args[0])
+        variants[t.tiling_repr, "cold"] = lambda key=t.kernel_key, sets=itertools.cycle(args): launcher.launch(key, next(sets))
+    # at least one pass over every copy per sample, so each cold call finds its operands evicted
+    calls = max(len(args), calls_per_sample(variants[tilings[0].tiling_repr, "warm"], 0.05, 8))
+    medians = interleaved_medians(variants, rounds, calls)
+    return [(t.tiling_repr, medians[t.tiling_repr, "warm"], medians[t.tiling_repr, "cold"]) for t in tilings]
 
 
 def main() -> None:
