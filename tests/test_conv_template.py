@@ -390,5 +390,29 @@ def test_lanes_waste_counts_the_positions_a_lanes_tiling_computes_and_drops():
     assert conv_template.lanes_waste(wide, dataclasses.replace(pointwise, nr=48)) == 66 * 48 / 3136
     no_waste = dataclasses.replace(lanes, layout="nchw")  # the same copy (padded image) and threads
     copy_and_region = conv_template.image_region(small, "lanes") / conv_template.COPY_BYTES_PER_US + 2.0
+    direct_stores = conv_template.direct_store_us(small, no_waste)
     assert conv_template.estimate_us(small, lanes) - copy_and_region == pytest.approx(
-        96 / 49 * (conv_template.estimate_us(small, no_waste) - copy_and_region))
+        96 / 49 * (conv_template.estimate_us(small, no_waste) - direct_stores - copy_and_region))
+
+
+@pytest.mark.unit
+def test_the_direct_templates_stores_make_a_small_k_pointwise_conv_far_behind():
+    """The direct template stores each output element alone (0.6 ns each, split over the
+    threads); the lanes layouts store vectors. So MobileNetV3-Small's 16 -> 72 1x1 at 56x56
+    (226k outputs, 7 MFLOP) estimates its direct tilings over 1.4x the pointwise one and
+    does not compile them (they measured 1.9-2.5x), while a 576 -> 96 1x1 at 7x7, where
+    the direct template wins, keeps them."""
+    from aotpack import backends
+    from aotpack.candidates import shortlist
+    expand = _kernel((1, 16, 56, 56), 72, kernel=(1, 1), padding=(0, 0))
+    by_layout = {t.layout: t for t in conv_template.solve(expand, 1)}
+    assert conv_template.direct_store_us(expand, by_layout["nchw"]) == pytest.approx(72 * 3136 * 0.6e-3)
+    assert conv_template.direct_store_us(expand, dataclasses.replace(by_layout["nchw"], block_dim=2)) == \
+        pytest.approx(72 * 3136 * 0.3e-3)
+    assert conv_template.direct_store_us(expand, by_layout["pointwise"]) == 0.0
+    cpu = backends.get("cpu")
+    settings = Settings(device_limit=1, topn=3, tiny_kernel_us=0.0)
+    kept = shortlist(expand, cpu, cpu.limits(settings), settings)
+    assert [t.layout for t in kept] == ["pointwise", "pointwise"]
+    project = _kernel((1, 576, 7, 7), 96, kernel=(1, 1), padding=(0, 0))
+    assert "nchw" in [t.layout for t in shortlist(project, cpu, cpu.limits(settings), settings)]

@@ -327,6 +327,10 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     return unique[:min(count, MAX_TOPN)]
 
 
+#: The layouts ``templates/cpu_lanes_conv.cpp.j2`` renders (positions in the vector lanes);
+#: the others (``nchw``, ``nhwc``) are the direct template's.
+LANES_LAYOUTS = ("lanes", "pointwise", "rows")
+
 #: Bytes per us the image copy (padding, channels-last, stride phases) moves. Its source is the
 #: previous layer's output, still in L2/L3: ResNet-18's 1x1 stride-2 downsample (a 200 KB phase
 #: copy) ran its ``lanes`` tiling in 73 us against the direct one's 82, which 10 GB/s would
@@ -334,17 +338,35 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
 COPY_BYTES_PER_US = 20e3
 
 
+#: ns per output element (one thread) of the direct template's stores: a tile holds positions
+#: x 16 channels, and each position's 16 results go to 16 channel planes, a float each. Fitted
+#: on MobileNetV3-Small's 1x1 convolutions at 56x56 and 28x28 at 1 thread (Zen 4), where the
+#: compute is small: the direct tilings ran 0.6-0.7 ns per output element beyond the compute
+#: estimate (1.9-2.5x the ``pointwise`` winner, which stores whole vectors of one plane).
+DIRECT_STORE_NS = 0.6
+
+
 def estimate_us(kernel: ConvKernel, tiling: ConvTiling, gflops: float = 80.0) -> float:
     """Guess in us: flops at ``gflops`` per thread (a little under the GEMM template's 90,
     for the window reads), tiles under the latency bound (``latency_rows``) costing as many,
     a ``lanes`` / ``pointwise`` tiling's computed-but-dropped positions (``lanes_waste``) as
-    much as the kept ones, plus ~2 us per parallel region and the image copy at
-    ``COPY_BYTES_PER_US``."""
+    much as the kept ones, the direct template's scattered stores (``direct_store_us``), plus
+    ~2 us per parallel region and the image copy at ``COPY_BYTES_PER_US``."""
     rows = latency_rows(kernel.m, tiling.mr, tiling.vector_bytes, tiling.nr)
     compute = kernel.flops * rows * lanes_waste(kernel, tiling) / (
         gflops * wide_speedup(tiling.vector_bytes) * 1e3 * tiling.block_dim)
     copy = kernel.x_shape[0] * image_region(kernel, tiling.layout) / COPY_BYTES_PER_US
-    return compute + copy + (2.0 if tiling.block_dim > 1 else 0.0)
+    return compute + direct_store_us(kernel, tiling) + copy + (2.0 if tiling.block_dim > 1 else 0.0)
+
+
+def direct_store_us(kernel: ConvKernel, tiling: ConvTiling) -> float:
+    """us the direct template (``nchw``, ``nhwc``) spends storing its N x M outputs per
+    image at ``DIRECT_STORE_NS`` each, split over the threads; 0 for the layouts that store
+    vectors along a plane (``lanes``, ``pointwise``, ``rows``). It matters where K is small:
+    MobileNetV3-Small's expanding 1x1s at 56x56 (K = 16) store 226k floats for 7 MFLOP."""
+    if tiling.layout in LANES_LAYOUTS:
+        return 0.0
+    return kernel.x_shape[0] * kernel.n * kernel.m * DIRECT_STORE_NS / 1e3 / tiling.block_dim
 
 
 def lanes_waste(kernel: ConvKernel, tiling: ConvTiling) -> float:
@@ -389,7 +411,7 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
         optional_helpers=[])
     window = dict(oh=oh, ow=ow, kh=kh, kw=kw, ph=ph, pw=pw, dh=dh, dw=dw, workspace=tiling.workspace,
                   copy=tiling.copies(kernel))
-    if tiling.layout in ("lanes", "pointwise", "rows"):
+    if tiling.layout in LANES_LAYOUTS:
         phase_rows, phase_cols, hq, wq = lanes_phases(kernel)
         staged = tiling.layout == "rows"
         return render("cpu_lanes_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, strided=(sh, sw) != (1, 1),
