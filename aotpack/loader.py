@@ -11,9 +11,9 @@ runtime library (``native/python/binding.cpp``) when Python's headers are there:
 the inputs' TensorImpls to ``aotpack_model_run_torch`` and wraps the outputs as torch
 tensors in C++: views_cat takes 3.2-3.3 us per call, against 5.6 us through ctypes before
 it (2 threads). It calls the runtime through the function addresses ctypes resolved, so
-both always use the one library that loaded the model. Without the extension (no Python headers when the
-runtime was built, another Python version, ``AOTPACK_BINDING=ctypes``) the same path runs
-through ctypes. Either way the foreign call runs without the GIL, so threads run
+both always use the one library that loaded the model. Without the extension (no Python
+headers when the runtime was built, another Python version, ``AOTPACK_BINDING=ctypes``) the
+same path runs through ctypes. Either way the foreign call runs without the GIL, so threads run
 concurrently up to the runtime's own per-model lock.
 
 Per call (``benchmarks/call_overhead.py`` re-measures it): when every input is exactly a

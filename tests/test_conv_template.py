@@ -12,11 +12,12 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from aotpack import autotune, gemm_cache, gemm_match, layout, reader
+from aotpack import autotune, backends, gemm_cache, gemm_match, layout, reader
 from aotpack.backends.cpu import conv_template, toolchain
 from aotpack.backends.cpu.conv_template import ConvTiling
 from aotpack.backends.cpu.toolchain import KERNEL_FLAGS, O2_MARK, CpuToolchain, kernel_flags
 from aotpack.build import build
+from aotpack.candidates import shortlist
 from aotpack.config import Settings
 from aotpack.export import export_model, load_model_file
 from aotpack.ir import Buffer, contiguous_strides
@@ -402,8 +403,6 @@ def test_the_direct_templates_stores_make_a_small_k_pointwise_conv_far_behind():
     (226k outputs, 7 MFLOP) estimates its direct tilings over 1.4x the pointwise one and
     does not compile them (they measured 1.9-2.5x), while a 576 -> 96 1x1 at 7x7, where
     the direct template wins, keeps them."""
-    from aotpack import backends
-    from aotpack.candidates import shortlist
     expand = _kernel((1, 16, 56, 56), 72, kernel=(1, 1), padding=(0, 0))
     by_layout = {t.layout: t for t in conv_template.solve(expand, 1)}
     assert conv_template.direct_store_us(expand, by_layout["nchw"]) == pytest.approx(72 * 3136 * 0.6e-3)
