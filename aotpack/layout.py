@@ -25,6 +25,11 @@ import sys
 FORMAT_VERSION = 3
 #: MAJOR of the model ABI (model_abi.h) that manifests record as ``model.abi_version``.
 MODEL_ABI_VERSION_MAJOR = 2
+#: Manifest dtype name -> AotpackDType code (model_abi.h: c10::ScalarType numbering), the
+#: dtype of a tensor crossing the model ABI and the C API (tests/test_layout.py checks the
+#: header's enum against it).
+DTYPE_CODES = {"uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5,
+               "float32": 6, "float64": 7, "bool": 11, "bfloat16": 15}
 
 MANIFEST_PATH = "manifest.json"  # always the first entry
 MANIFEST_DIGEST_PATH = "manifest.sha256"  # always the second entry: sha256 of manifest.json

@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -55,6 +56,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aotpack import layout
 from aotpack.config import ENV_BINDING
 from aotpack.errors import AotpackError
 from aotpack.runtime import find_runtime_library
@@ -70,6 +72,16 @@ class _DLManagedTensorVersioned(ctypes.Structure):
     _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
                 ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p)),
                 ("flags", ctypes.c_uint64), ("data", ctypes.c_void_p)]
+
+
+class _TensorSpec(ctypes.Structure):
+    """``AotpackTensorSpec`` of runtime.h."""
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int64),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64))]
+
+
+#: AotpackDType code -> torch dtype.
+_DTYPES = {code: getattr(torch, name) for name, code in layout.DTYPE_CODES.items()}
 
 
 class _RunStats(ctypes.Structure):
@@ -172,6 +184,12 @@ def _library() -> ctypes.CDLL:
                 "aotpack_model_load": (i32, [ctypes.c_char_p, i32, ctypes.POINTER(p)]),
                 "aotpack_model_free": (None, [p]),
                 "aotpack_model_manifest_json": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
+                "aotpack_model_name": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
+                "aotpack_model_version": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
+                "aotpack_model_num_inputs": (i32, [p, ctypes.POINTER(i64)]),
+                "aotpack_model_num_outputs": (i32, [p, ctypes.POINTER(i64)]),
+                "aotpack_model_input_spec": (i32, [p, i64, ctypes.POINTER(_TensorSpec)]),
+                "aotpack_model_output_spec": (i32, [p, i64, ctypes.POINTER(_TensorSpec)]),
                 "aotpack_model_run_dlpack": (i32, [p, ctypes.POINTER(p), i64, ctypes.POINTER(p), i64]),
                 "aotpack_model_run_torch": (i32, [p, ctypes.POINTER(p), i64, ctypes.POINTER(p), i64]),
                 "aotpack_model_stats": (i32, [p, ctypes.POINTER(_RunStats)]),
@@ -247,6 +265,13 @@ class TensorSpec:
     def from_manifest(cls, entry: dict) -> "TensorSpec":
         return cls(entry["name"], getattr(torch, entry["dtype"]), tuple(entry["shape"]),
                    tuple(entry["strides"]))
+
+    @classmethod
+    def from_runtime(cls, spec: _TensorSpec) -> "TensorSpec":
+        """From the C API's ``AotpackTensorSpec`` (the runtime parsed the manifest)."""
+        ndim = spec.ndim
+        return cls(spec.name.decode("utf-8"), _DTYPES[spec.dtype], tuple(spec.shape[:ndim]),
+                   tuple(spec.strides[:ndim]))
 
 
 class _CtypesRunner:
@@ -372,18 +397,20 @@ class Model:
         _open_models.add(self)
 
     def _describe(self, handle: ctypes.c_void_p) -> None:
-        """The signature and names from the manifest, and the runner over ``handle``."""
+        """The signature and names from the runtime's accessors, and the runner over ``handle``.
+
+        Not from manifest.json: parsing its per-kernel tuning records in Python took ~2 ms
+        of a ~8 ms load of MobileNetV3-Small (132 KB); ``manifest`` parses it when first read
+        (a copy of its text is kept, so it can be read after ``close``)."""
         text = ctypes.c_char_p()
         if self._lib.aotpack_model_manifest_json(handle, ctypes.byref(text)):
             raise AotpackError(_last_error(self._lib))
-        #: manifest.json of the archive, parsed.
-        self.manifest: dict = json.loads(text.value.decode("utf-8"))
+        self._manifest_text: bytes = text.value
         #: The signature, in the order run() takes and returns tensors.
-        self.inputs: list[TensorSpec] = [TensorSpec.from_manifest(e) for e in self.manifest["inputs"]]
-        self.outputs: list[TensorSpec] = [TensorSpec.from_manifest(e) for e in self.manifest["outputs"]]
-        self.name: str = self.manifest["name"]
-        self.version: str = self.manifest["version"]
-        self._mutated = set(self.manifest.get("mutated_inputs", []))
+        self.inputs: list[TensorSpec] = self._specs(handle, "input")
+        self.outputs: list[TensorSpec] = self._specs(handle, "output")
+        self.name: str = self._text(handle, "name")
+        self.version: str = self._text(handle, "version")
         # The DLPack door (numpy arrays, subclasses, autograd tensors), without argtypes as
         # the runner's: run() passes ready-made ctypes objects.
         self._run_dlpack = self._lib["aotpack_model_run_dlpack"]
@@ -391,6 +418,33 @@ class Model:
         self._num_outputs = ctypes.c_int64(len(self.outputs))
         #: Every use of the handle goes through it: the per-call path and the close protocol.
         self._runner = _runner(self._lib, handle, len(self.outputs), f"model '{self.name}' {self.version}")
+
+    def _text(self, handle: ctypes.c_void_p, what: str) -> str:
+        text = ctypes.c_char_p()
+        if getattr(self._lib, f"aotpack_model_{what}")(handle, ctypes.byref(text)):
+            raise AotpackError(_last_error(self._lib))
+        return text.value.decode("utf-8")
+
+    def _specs(self, handle: ctypes.c_void_p, kind: str) -> list[TensorSpec]:
+        count, spec = ctypes.c_int64(), _TensorSpec()
+        if getattr(self._lib, f"aotpack_model_num_{kind}s")(handle, ctypes.byref(count)):
+            raise AotpackError(_last_error(self._lib))
+        specs = []
+        for index in range(count.value):
+            if getattr(self._lib, f"aotpack_model_{kind}_spec")(handle, index, ctypes.byref(spec)):
+                raise AotpackError(_last_error(self._lib))
+            specs.append(TensorSpec.from_runtime(spec))
+        return specs
+
+    @functools.cached_property
+    def manifest(self) -> dict:
+        """manifest.json of the archive, parsed (docs/archive.md)."""
+        return json.loads(self._manifest_text.decode("utf-8"))
+
+    @functools.cached_property
+    def _mutated(self) -> set[str]:
+        """Names of the inputs the model writes in place."""
+        return set(self.manifest.get("mutated_inputs", []))
 
     def __repr__(self) -> str:
         signature = ", ".join(f"{s.name}: {str(s.dtype).removeprefix('torch.')}{list(s.shape)}"

@@ -68,3 +68,10 @@ def test_bad_path_components_are_refused(name, key, message):
     with pytest.raises(ValueError) as info:
         layout.lib_kernel_path(name, key)
     assert str(info.value) == message
+
+
+def test_dtype_codes_match_the_model_abi_enum():
+    enum = (REPO / "native" / "include" / "aotpack" / "model_abi.h").read_text()
+    body = re.search(r"enum AotpackDType \{(.*?)\};", enum, re.S).group(1)
+    declared = {name.lower(): int(code) for name, code in re.findall(r"AOTPACK_DTYPE_(\w+) = (\d+)", body)}
+    assert declared == layout.DTYPE_CODES

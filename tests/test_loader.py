@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import aotpack
-from aotpack import loader
+from aotpack import layout, loader
 from aotpack.errors import AotpackError
 from aotpack.runtime import find_runtime_library
 from conftest import MODELS, SAMPLES, eager_outputs
@@ -45,6 +45,9 @@ def test_signature_and_manifest(mlp):
     assert mlp.outputs == [loader.TensorSpec("output_0", torch.float32, (32, 512), (512, 1))]
     assert mlp.manifest["name"] == mlp.name == "mlp" and mlp.version == "0.1.0"
     assert repr(mlp) == "<aotpack.Model mlp 0.1.0 (x: float32[32, 512])>"
+    # the signature comes from the runtime's accessors, the manifest is parsed on first use
+    assert mlp.inputs == [loader.TensorSpec.from_manifest(e) for e in mlp.manifest["inputs"]]
+    assert mlp.outputs == [loader.TensorSpec.from_manifest(e) for e in mlp.manifest["outputs"]]
 
 
 def test_outputs_are_the_runtime_memory_not_copies(mlp):
@@ -168,6 +171,7 @@ def test_outputs_outlive_the_model_and_a_closed_model_says_so(build_model):
         model(x)
     assert str(error.value) == "model 'mlp' 0.1.0 is closed"
     model.close()  # twice is fine
+    assert model.manifest["name"] == "mlp"  # parsed after close: the loader kept its text
 
 
 def test_load_errors(tmp_path, build_model):
@@ -203,3 +207,25 @@ def test_an_unclosed_model_leaves_no_folder_behind(build_model, tmp_path):
                             env=dict(os.environ, TMPDIR=str(tmp)), timeout=120)
     assert (result.returncode, result.stdout) == (0, "1\n"), result.stderr
     assert list(tmp.iterdir()) == []
+
+
+def _program_header_types(elf: bytes) -> list[int]:
+    """p_type of each program header of a 64-bit little-endian ELF."""
+    import struct
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return [struct.unpack_from("<I", elf, phoff + i * phentsize)[0] for i in range(phnum)]
+
+
+def test_kernels_and_wrappers_are_linked_for_a_fast_dlopen(build_model):
+    """Two loadable segments and no RELRO (toolchain.LOAD_FAST_LINK): a model dlopens two
+    libraries per kernel, and each extra segment costs a mapping and an mprotect."""
+    from aotpack.reader import read_all
+
+    files = read_all(build_model(SAMPLES / "mlp.py").archive)
+    libraries = [path for path in files if path.endswith((layout.LIB_KERNEL_NAME, layout.WRAPPER_NAME))]
+    assert libraries
+    pt_load, pt_gnu_relro = 1, 0x6474E552
+    for path in libraries:
+        types = _program_header_types(files[path])
+        assert (types.count(pt_load), pt_gnu_relro in types) == (2, False), path

@@ -24,10 +24,7 @@ MODEL_ABI_VERSION_MAJOR, MODEL_ABI_VERSION_MINOR = layout.MODEL_ABI_VERSION_MAJO
 MODEL_ABI_VERSION = MODEL_ABI_VERSION_MAJOR
 
 #: torch dtype -> c10::ScalarType code (AotpackDType in model_abi.h).
-DTYPE_CODES = {
-    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
-    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15,
-}
+DTYPE_CODES = {getattr(torch, name): code for name, code in layout.DTYPE_CODES.items()}
 MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1,
                   torch.channels_last: 2, torch.channels_last_3d: 3}
 
