@@ -399,9 +399,9 @@ class Model:
     def _describe(self, handle: ctypes.c_void_p) -> None:
         """The signature and names from the runtime's accessors, and the runner over ``handle``.
 
-        Not from manifest.json: parsing its per-kernel tuning records in Python took ~2 ms
-        of a ~8 ms load of MobileNetV3-Small (132 KB); ``manifest`` parses it when first read
-        (a copy of its text is kept, so it can be read after ``close``)."""
+        Not from manifest.json: parsing it in Python (MobileNetV3-Small's is 132 KB, mostly
+        file and tuning records) made a repeat load 8.3 instead of 7.5 ms; ``manifest``
+        parses it when first read (its text is kept, so it can be read after ``close``)."""
         text = ctypes.c_char_p()
         if self._lib.aotpack_model_manifest_json(handle, ctypes.byref(text)):
             raise AotpackError(_last_error(self._lib))
