@@ -8,7 +8,8 @@ this module generates (``header()``). After changing a value here regenerate it:
     python -m aotpack.layout --header > native/include/aotpack/archive_layout.h
 
 (tests/test_layout.py fails while the checked-in header differs). Paths are relative,
-``/``-separated, as stored in the tar. Format: docs/archive.md.
+``/``-separated, as stored in the tar. Format: docs/archive.md. ``DTYPE_CODES`` mirrors the
+other way round: native/include/aotpack/model_abi.h defines the codes, a test compares.
 """
 from __future__ import annotations
 

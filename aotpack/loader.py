@@ -269,9 +269,11 @@ class TensorSpec:
     @classmethod
     def from_runtime(cls, spec: _TensorSpec) -> "TensorSpec":
         """From the C API's ``AotpackTensorSpec`` (the runtime parsed the manifest)."""
-        ndim = spec.ndim
-        return cls(spec.name.decode("utf-8"), _DTYPES[spec.dtype], tuple(spec.shape[:ndim]),
-                   tuple(spec.strides[:ndim]))
+        ndim, name = spec.ndim, spec.name.decode("utf-8")
+        if spec.dtype not in _DTYPES:
+            raise AotpackError(f"the runtime reports dtype code {spec.dtype} for '{name}', which this "
+                               "aotpack does not know; use the aotpack the runtime was built with")
+        return cls(name, _DTYPES[spec.dtype], tuple(spec.shape[:ndim]), tuple(spec.strides[:ndim]))
 
 
 class _CtypesRunner:
@@ -438,7 +440,8 @@ class Model:
 
     @functools.cached_property
     def manifest(self) -> dict:
-        """manifest.json of the archive, parsed (docs/archive.md)."""
+        """manifest.json of the archive (docs/archive.md), parsed on first read; later reads
+        return the same dict."""
         return json.loads(self._manifest_text.decode("utf-8"))
 
     @functools.cached_property

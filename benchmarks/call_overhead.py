@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aotpack  # noqa: E402
-from aotpack import loader  # noqa: E402
+from aotpack import layout, loader  # noqa: E402
 from aotpack.build import build  # noqa: E402
 from aotpack.config import Settings  # noqa: E402
 from common import load_sample  # noqa: E402
@@ -69,7 +69,7 @@ class CApiRunner:
         self._run.restype = i32
         self._free = lib["aotpack_tensor_free"]
         self._free.restype, self._free.argtypes = None, [p]
-        dtype_codes = {torch.float32: 6, torch.float64: 7, torch.int64: 4, torch.int32: 3}
+        dtype_codes = {getattr(torch, name): code for name, code in layout.DTYPE_CODES.items()}
         self._inputs = (p * max(len(inputs), 1))()
         for i, x in enumerate(inputs):
             x = x.contiguous()

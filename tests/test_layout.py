@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aotpack import layout
+from aotpack import layout, manifest_rules
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +75,7 @@ def test_dtype_codes_match_the_model_abi_enum():
     body = re.search(r"enum AotpackDType \{(.*?)\};", enum, re.S).group(1)
     declared = {name.lower(): int(code) for name, code in re.findall(r"AOTPACK_DTYPE_(\w+) = (\d+)", body)}
     assert declared == layout.DTYPE_CODES
+
+
+def test_the_manifest_rules_accept_exactly_the_abi_dtypes():
+    assert set(manifest_rules.DTYPES) == set(layout.DTYPE_CODES)

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import aotpack
-from aotpack import layout, loader
+from aotpack import file_checks, layout, loader
 from aotpack.errors import AotpackError
+from aotpack.reader import read_all
 from aotpack.runtime import find_runtime_library
 from conftest import MODELS, SAMPLES, eager_outputs
 
@@ -45,9 +46,15 @@ def test_signature_and_manifest(mlp):
     assert mlp.outputs == [loader.TensorSpec("output_0", torch.float32, (32, 512), (512, 1))]
     assert mlp.manifest["name"] == mlp.name == "mlp" and mlp.version == "0.1.0"
     assert repr(mlp) == "<aotpack.Model mlp 0.1.0 (x: float32[32, 512])>"
-    # the signature comes from the runtime's accessors, the manifest is parsed on first use
+    # the signature comes from the runtime's accessors: the same as the manifest's
     assert mlp.inputs == [loader.TensorSpec.from_manifest(e) for e in mlp.manifest["inputs"]]
     assert mlp.outputs == [loader.TensorSpec.from_manifest(e) for e in mlp.manifest["outputs"]]
+
+
+def test_a_load_parses_the_manifest_only_when_it_is_read(build_model):
+    with aotpack.load(build_model(SAMPLES / "mlp.py").archive) as model:
+        assert model.name == "mlp" and "manifest" not in vars(model) and "_mutated" not in vars(model)
+        assert model.manifest is model.manifest and model.manifest["name"] == "mlp"
 
 
 def test_outputs_are_the_runtime_memory_not_copies(mlp):
@@ -211,21 +218,18 @@ def test_an_unclosed_model_leaves_no_folder_behind(build_model, tmp_path):
 
 def _program_header_types(elf: bytes) -> list[int]:
     """p_type of each program header of a 64-bit little-endian ELF."""
-    import struct
-    phoff, = struct.unpack_from("<Q", elf, 0x20)
-    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
-    return [struct.unpack_from("<I", elf, phoff + i * phentsize)[0] for i in range(phnum)]
+    header = file_checks._EHDR.unpack_from(elf)
+    phoff, phentsize, phnum = header[5], header[9], header[10]
+    return [file_checks._PHDR.unpack_from(elf, phoff + i * phentsize)[0] for i in range(phnum)]
 
 
 def test_kernels_and_wrappers_are_linked_for_a_fast_dlopen(build_model):
-    """Two loadable segments and no RELRO (toolchain.LOAD_FAST_LINK): a model dlopens two
-    libraries per kernel, and each extra segment costs a mapping and an mprotect."""
-    from aotpack.reader import read_all
-
+    """Two loadable segments (toolchain.LOAD_FAST_LINK: a model dlopens two libraries per
+    kernel, and each extra segment costs a mapping), RELRO kept."""
     files = read_all(build_model(SAMPLES / "mlp.py").archive)
     libraries = [path for path in files if path.endswith((layout.LIB_KERNEL_NAME, layout.WRAPPER_NAME))]
     assert libraries
     pt_load, pt_gnu_relro = 1, 0x6474E552
     for path in libraries:
         types = _program_header_types(files[path])
-        assert (types.count(pt_load), pt_gnu_relro in types) == (2, False), path
+        assert (types.count(pt_load), pt_gnu_relro in types) == (2, True), path

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from aotpack import layout
 from aotpack.runtime import CHECKOUT
 from conftest import MODELS, assert_native_parity
 
@@ -22,7 +23,8 @@ def test_long_row_sums_keep_float32_accuracy(build_model, tmp_path):
     assert_native_parity(result.archive, MODELS / "long_rows.py", tmp_path, atol=1e-3, rtol=1e-6)
 
 
-NUMPY_DTYPES = {6: np.float32, 7: np.float64, 5: np.float16, 4: np.int64, 3: np.int32, 11: np.bool_}
+NUMPY_DTYPES = {layout.DTYPE_CODES[name]: np.dtype(name).type
+                for name in ("float32", "float64", "float16", "int64", "int32", "bool")}
 
 
 class NativeModel:

@@ -29,12 +29,13 @@ CXX = os.environ.get("CXX", "g++")
 KERNEL_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
                 "-fno-math-errno", "-fno-trapping-math", "-fno-exceptions", "-pipe", "-nodefaultlibs"]
 #: How kernels and wrappers are linked, for a fast dlopen (a model loads two libraries per
-#: kernel: MobileNetV3-Small's 114 took 4.8 ms, 2.7 ms linked so; 3.65 with the first flag
-#: alone). noseparate-code puts headers, code and read-only data in one executable segment
-#: (binutils' layout before 2.31): two mappings per library instead of four. norelro drops
-#: the mprotect that makes the GOT read-only after relocation; without -z now that guards
-#: only the few data slots of a kernel (its GOMP_* calls go through the writable PLT GOT).
-LOAD_FAST_LINK = ["-Wl,-z,noseparate-code", "-Wl,-z,norelro"]
+#: kernel: MobileNetV3-Small's 114 took 4.8 ms, 3.65 ms linked so). noseparate-code puts the
+#: ELF headers, code and read-only data in one executable segment, binutils' layout before
+#: 2.31: two mappings per library instead of four. The cost: constants and headers become
+#: executable bytes, more gadgets for an exploit of a memory bug elsewhere in the process.
+#: RELRO stays: -z norelro saved another 0.95 ms over those 114 libraries, but would leave
+#: .dynamic, .fini_array and the GOT writable in every kernel the runtime loads.
+LOAD_FAST_LINK = ["-Wl,-z,noseparate-code"]
 #: What a kernel links: g++'s default libraries less libstdc++, whose symbols no kernel uses
 #: (Winograd's <utility> is header-only); -fno-exceptions drops the personality routine that
 #: OpenMP regions' terminate-on-throw cleanups would take from it. Linking libstdc++ took
