@@ -47,7 +47,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aotpack  # noqa: E402
-from aotpack import layout, loader  # noqa: E402
+from aotpack import loader  # noqa: E402
+from aotpack.backends.cpu.cpp_wrapper import DTYPE_CODES  # noqa: E402
 from aotpack.build import build  # noqa: E402
 from aotpack.config import Settings  # noqa: E402
 from common import load_sample  # noqa: E402
@@ -69,13 +70,12 @@ class CApiRunner:
         self._run.restype = i32
         self._free = lib["aotpack_tensor_free"]
         self._free.restype, self._free.argtypes = None, [p]
-        dtype_codes = {getattr(torch, name): code for name, code in layout.DTYPE_CODES.items()}
         self._inputs = (p * max(len(inputs), 1))()
         for i, x in enumerate(inputs):
             x = x.contiguous()
             sizes = (i64 * max(x.dim(), 1))(*x.shape)
             handle = p()
-            if self._new(dtype_codes[x.dtype], x.dim(), sizes, None, ctypes.c_void_p(x.data_ptr()),
+            if self._new(DTYPE_CODES[x.dtype], x.dim(), sizes, None, ctypes.c_void_p(x.data_ptr()),
                          ctypes.byref(handle)):
                 raise RuntimeError(loader._last_error(lib))
             self._inputs[i] = handle.value
