@@ -347,6 +347,10 @@ class KernelBody:
     write_is_row: bool
     has_reduction: bool
     j_splits: tuple = ()  # sorted j where a piece chosen by j alone changes
+    # per thread, before its first row and after its last (state carried from row to row,
+    # e.g. the streamed softmax's deferred store); empty: the plain parallel row loop
+    thread_lines: tuple = ()
+    thread_end_lines: tuple = ()
 
 
 #: The write loop is cut at most this many times (one copy of its body per segment).
@@ -424,6 +428,6 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         segments=j_segments(body.j_splits, kernel.inner_size),
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr, workspace=tiling.workspace,
-        optional_helpers=optional_helpers(body.row_lines + body.write_lines),
+        optional_helpers=optional_helpers(body.row_lines + body.write_lines + list(body.thread_lines + body.thread_end_lines)),
         loop_lines=loop_lines,
     )

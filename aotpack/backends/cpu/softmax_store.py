@@ -19,6 +19,16 @@ so a softmax too big for the caches moves 3 bytes per output byte where this mov
 4096 x 4096 float32 in the model, Zen 4, interleaved, with ``STREAM_CHUNK`` and the lane
 sums of ``_exp_loop``, against the plain stored form before both: 7575 against 9348 us at
 1 thread (0.81x), 5114 against 5875 us at 2 (0.87x).
+
+Rows of more than ``ONLINE_CHUNK`` elements defer each row's scaled store into the next
+row's exp loop (``KernelBody.thread_lines``: a thread keeps two row buffers and the pending
+row's factors; its last row is stored after its loop, then one fence). Stored in a pass of
+its own, the row's writes waited while ``exp`` ran and the reads waited while the row was
+written; interleaved, the compute-bound exp loop also carries the previous row's writes and
+(``STREAM_PREFETCH_LOCALITY``) the next row's reads. 4096 x 4096 through ``aotpack.load``,
+interleaved, two runs: 6.8 / 6.3 ms against 8.1 / 7.8 ms at 1 thread (0.81-0.84x; torch's
+``copy_`` of the same bytes took 6.9 / 5.9 ms), 3.7 / 4.4 against 4.6 / 5.3 ms at 2
+threads. The pending blocks go in mirrored order (``_mirrored_block_lines``).
 It is offered only for outputs of at least ``STREAM_MIN_BYTES`` (a smaller output would be
 in the cache for the kernel that reads it next); PGO picks between the two.
 
@@ -55,6 +65,9 @@ STREAM_MIN_BYTES = 16 << 20
 STREAM_CHUNK = 4096
 #: The streamed variant's row buffer.
 ROW_BUFFER = "row_exp"
+#: ``__builtin_prefetch`` locality of the streamed variant's next-row input lines: 2
+#: (``prefetcht1``, toward L2) leaves L1 to the two row buffers.
+STREAM_PREFETCH_LOCALITY = 2
 
 
 def applies(kernel: FusedKernel) -> bool:
@@ -94,13 +107,14 @@ def build_body(kernel: FusedKernel, stream: bool = False) -> KernelBody:
     inf = f"ap::limits<{ctype}>::infinity()"
     nan = f"ap::limits<{ctype}>::quiet_NaN()"
     out = f"{ROW_BUFFER}[j]" if stream else f"out0[r * {size} + j]"
-    head = [f"alignas(64) float {ROW_BUFFER}[{size}];"] if stream else []
     args = [(f"in{k}", C_TYPES[buf.dtype], False) for k, buf in enumerate(kernel.inputs)]
     args += [(f"out{k}", C_TYPES[buf.dtype], True) for k, buf in enumerate(kernel.outputs)]
     if size <= ONLINE_CHUNK:
+        head = [f"alignas(64) float {ROW_BUFFER}[{size}];"] if stream else []
         lines = _one_chunk_lines(size, block_max.lines, value_max, block_exp.lines, value_exp,
                                  ctype, out_type, chunk_type, inf, nan, out, stream)
         return KernelBody(args, ctx.row_lines + head + lines, [], False, True)
+    head = ([f"float* const {ROW_BUFFER} = {ROW_BUFFER}_pair[parity];", "parity ^= 1;"] if stream else [])
     lines = [f"{ctype} om = -{inf};", f"{acc_type} os = 0;", "int onan = 0;", f"{ctype} chunk_max[{chunks}];",
              f"for (int64_t c = 0; c < {chunks}; ++c) {{",
              f"  const int64_t jc = c * {chunk};"]
@@ -108,25 +122,75 @@ def build_body(kernel: FusedKernel, stream: bool = False) -> KernelBody:
     lines += ["  chunk_max[c] = om;",
               f"  if (om == -{inf}) {{  // all -inf so far: 0 now, scaled to eager's 0 or NaN below",
               f"    #pragma omp simd{SIMDLEN_MARK}",
-              f"    for (int64_t j = jc; j < jc_end; ++j) {out} = 0;",
-              "    continue;", "  }",
+              f"    for (int64_t j = jc; j < jc_end; ++j) {out} = 0;"]
+    lines += ["    " + line for line in (_pending_store_lines("jc", "jc_end - jc") if stream else [])]
+    lines += ["    continue;", "  }",
               # a chunk's sum in float (vector lanes, <= ONLINE_CHUNK / lanes adds each: error
               # ~1e-7 relative, as ATen's cascade), the chunks' sums in the double accumulator
               f"  {chunk_type} cs = 0;"]
     body = [line for line in block_exp.lines]
     body += [f"{out} = static_cast<{out_type}>({value_exp});"]
-    lines += _exp_loop(kernel, total, size, chunk, body, value_exp, chunk_type, prefetch_output=not stream)
+    lines += _exp_loop(kernel, total, size, chunk, body, value_exp, chunk_type, stream)
     lines += [f"  os += static_cast<{acc_type}>(cs);", "}",
               f"const {acc_type} total = onan ? {nan} : static_cast<{acc_type}>(static_cast<{ctype}>(os));",
               f"const {acc_type} final_max = onan ? {nan} : static_cast<{acc_type}>(om);",
-              f"for (int64_t c = 0; c < {chunks}; ++c) {{",
-              f"  const int64_t jc = c * {chunk};",
+              f"for (int64_t c = 0; c < {chunks}; ++c) {{"]
+    factor = (f"static_cast<{out_type}>(ap::exp(static_cast<{acc_type}>(chunk_max[c]) - final_max) / total);")
+    if stream:  # stored while the next row's exp runs (or by the thread's last lines)
+        lines += [f"  pending_factor[c] = {factor}", "}",
+                  f"pending_out = out0 + r * {size};", f"pending_exp = {ROW_BUFFER};"]
+        return KernelBody(args, ctx.row_lines + head + lines, [], False, True,
+                          thread_lines=_thread_lines(size, chunks, out_type),
+                          thread_end_lines=_thread_end_lines(size, chunk, chunks))
+    lines += [f"  const int64_t jc = c * {chunk};",
               f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});",
-              f"  const {out_type} factor = static_cast<{out_type}>("
-              f"ap::exp(static_cast<{acc_type}>(chunk_max[c]) - final_max) / total);"]
+              f"  const {out_type} factor = {factor}"]
     lines += ["  " + line for line in _scale_lines(size, "jc", "jc_end", out, stream)] + ["}"]
-    lines += ["ap_stream_fence();"] if stream else []
-    return KernelBody(args, ctx.row_lines + head + lines, [], False, True)
+    return KernelBody(args, ctx.row_lines + lines, [], False, True)
+
+
+def _thread_lines(size: int, chunks: int, out_type: str) -> tuple[str, ...]:
+    """A thread's state for the streamed chunked form: two row buffers (this row's
+    ``exp`` values and the previous row's, whose scaled store is pending) and the pending
+    row's output, buffer and per-chunk factors."""
+    return (f"alignas(64) float {ROW_BUFFER}_pair[2][{size}];", "int64_t parity = 0;",
+            f"{out_type}* pending_out = nullptr;  // the previous row's output, stored during this row",
+            "const float* pending_exp = nullptr;", f"{out_type} pending_factor[{chunks}];")
+
+
+def _thread_end_lines(size: int, chunk: int, chunks: int) -> tuple[str, ...]:
+    """Store the thread's last pending row, then order its streaming stores before the
+    kernel returns."""
+    lines = [f"for (int64_t c = 0; c < {chunks}; ++c) {{",
+             f"  const int64_t jc = c * {chunk};",
+             f"  const int64_t jc_end = ap::min_index(jc + {chunk}, {size});"]
+    lines += ["  " + line for line in _pending_store_lines("jc", "jc_end - jc")] + ["}"]
+    return tuple(lines + ["ap_stream_fence();"])
+
+
+def _mirrored_block_lines(exact: bool) -> list[str]:
+    """Inside block ``jb`` of the exp loop: store the pending row's mirror block (the
+    chunk's blocks last to first) while this row's blocks go first to last.
+
+    A load whose address matches an earlier store's in bits 0-11 waits for that store
+    (4 KiB aliasing). Storing the same block of the previous row as the one just read
+    put every store 64 bytes before the next block's loads whenever the output started
+    64 bytes past the input modulo 4 KiB (as the runtime's buffers can): 4096 x 4096 at
+    1 thread, 8.9 ms against 6.7 ms at other offsets. Mirrored, the distance changes by
+    512 bytes a block, so at most one block in eight is near a load, at any offset
+    (6.5-7.3 ms over offsets of 0, 64, 128, 256 bytes and 4 KiB)."""
+    if exact:
+        return [f"const int64_t pb = jc_end - {PREFETCH_BLOCK} - (jb - jc);"] + _pending_store_lines(
+            "pb", str(PREFETCH_BLOCK))
+    return ([f"const int64_t pb = jc + (jc_end - 1 - jc) / {PREFETCH_BLOCK} * {PREFETCH_BLOCK} - (jb - jc);"]
+            + _pending_store_lines("pb", f"ap::min_index(pb + {PREFETCH_BLOCK}, jc_end) - pb"))
+
+
+def _pending_store_lines(begin: str, count: str) -> list[str]:
+    """``count`` elements from ``begin`` of chunk ``c`` of the pending row (if any): its
+    ``exp`` values times the chunk's factor, written with non-temporal stores."""
+    return [f"if (pending_out != nullptr) ap_store_scaled_streaming(pending_out + {begin}, pending_exp + {begin}, "
+            f"pending_factor[c], {count});"]
 
 
 def _scale_lines(size: int, begin: str, end: str, out: str, stream: bool) -> list[str]:
@@ -168,7 +232,7 @@ def _one_chunk_lines(size: int, max_lines: list, value_max: str, exp_lines: list
     return lines + (["  ap_stream_fence();"] if stream else []) + ["}"]
 
 
-def _prefetch_lines(kernel: FusedKernel, total, chunk: int, prefetch_output: bool = True) -> list[str]:
+def _prefetch_lines(kernel: FusedKernel, total, chunk: int, stream: bool = False) -> list[str]:
     """``__builtin_prefetch`` lines for the block starting at ``jb``: the same block of the
     next chunk (``chunk`` elements on), for every unit-stride load of the exp and for the
     output (as a write).
@@ -182,7 +246,8 @@ def _prefetch_lines(kernel: FusedKernel, total, chunk: int, prefetch_output: boo
     19.5 against 25 ms without them (interleaved medians, busy 2-core host).
     """
     lines, seen = [], set()
-    targets = [("out0", f"r * {total.size} + jb", kernel.outputs[0].dtype.itemsize, 1)] if prefetch_output else []
+    locality = STREAM_PREFETCH_LOCALITY if stream else 3
+    targets = [] if stream else [("out0", f"r * {total.size} + jb", kernel.outputs[0].dtype.itemsize, 1)]
     names = {id(buf): f"in{k}" for k, buf in enumerate(kernel.inputs)}
     for node in walk(total.source):
         if isinstance(node, Piecewise):
@@ -200,13 +265,13 @@ def _prefetch_lines(kernel: FusedKernel, total, chunk: int, prefetch_output: boo
             continue
         seen.add((name, index))
         step = max(1, LINE_BYTES // itemsize)
-        lines += [f"__builtin_prefetch({name} + ({index}) + {chunk + k}, {write}, 3);"
+        lines += [f"__builtin_prefetch({name} + ({index}) + {chunk + k}, {write}, {locality});"
                   for k in range(0, PREFETCH_BLOCK, step)]
     return lines
 
 
 def _exp_loop(kernel: FusedKernel, total, size: int, chunk: int, body: list[str], value: str,
-              sum_type: str, prefetch_output: bool = True) -> list[str]:
+              sum_type: str, stream: bool = False) -> list[str]:
     """The chunk's exp loop over ``[jc, jc_end)`` around ``body`` (stores ``exp``), adding
     ``value`` into ``cs``: blocks of ``PREFETCH_BLOCK`` elements, each prefetching ahead
     (``_prefetch_lines``), when the chunk holds whole blocks; else one vector loop.
@@ -216,10 +281,11 @@ def _exp_loop(kernel: FusedKernel, total, size: int, chunk: int, body: list[str]
     folded its vector lanes every 64 elements, and that horizontal sum was the loop's
     bottleneck (4096 x 4096 streamed softmax in the model, interleaved: 8681 against 7453 us
     at 1 thread, 4418 against 4227 us at 2)."""
-    prefetch = _prefetch_lines(kernel, total, chunk, prefetch_output) if chunk >= PREFETCH_BLOCK else []
+    prefetch = _prefetch_lines(kernel, total, chunk, stream) if chunk >= PREFETCH_BLOCK else []
     if not prefetch:
-        return ([f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}", "  for (int64_t j = jc; j < jc_end; ++j) {"]
-                + ["    " + line for line in body + [f"cs = cs + {value};"]] + ["  }"])
+        lines = ([f"  #pragma omp simd reduction(+:cs){SIMDLEN_MARK}", "  for (int64_t j = jc; j < jc_end; ++j) {"]
+                 + ["    " + line for line in body + [f"cs = cs + {value};"]] + ["  }"])
+        return lines + (["  " + line for line in _pending_store_lines("jc", "jc_end - jc")] if stream else [])
     exact = size % chunk == 0 and chunk % PREFETCH_BLOCK == 0  # constant trip counts: unrolled
     end = f"jb + {PREFETCH_BLOCK}" if exact else f"ap::min_index(jb + {PREFETCH_BLOCK}, jc_end)"
     lines = [f"  {sum_type} cs_lanes[{PREFETCH_BLOCK}] = {{}};",
@@ -227,6 +293,8 @@ def _exp_loop(kernel: FusedKernel, total, size: int, chunk: int, body: list[str]
     lines += ["    " + line for line in prefetch]
     lines += [f"    #pragma omp simd{SIMDLEN_MARK}", f"    for (int64_t j = jb; j < {end}; ++j) {{"]
     lines += ["      " + line for line in body + [f"cs_lanes[j - jb] = cs_lanes[j - jb] + {value};"]]
-    lines += ["    }", "  }",
-              f"  for (int64_t lane = 0; lane < {PREFETCH_BLOCK}; ++lane) cs = cs + cs_lanes[lane];"]
+    lines += ["    }"]
+    if stream:  # the pending row's blocks in reverse order (see _mirrored_block_lines)
+        lines += ["    " + line for line in _mirrored_block_lines(exact)]
+    lines += ["  }", f"  for (int64_t lane = 0; lane < {PREFETCH_BLOCK}; ++lane) cs = cs + cs_lanes[lane];"]
     return lines
