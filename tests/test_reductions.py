@@ -179,9 +179,10 @@ def test_streamed_softmax_matches_eager_with_special_values(tmp_path, kernel_cac
     the plain stored form and eager, with a row of -inf, -inf before the first finite element
     (and chunk), a NaN and a +inf. Each row's store is deferred into the next row's exp loop
     (mirrored blocks) and a thread's last row is stored after its loop, so the special rows
-    also sit last and in the middle, where the two threads' rows meet. (A missing fence
-    would not show on one machine: x86 orders a thread's own loads after its streaming
-    stores.)"""
+    also sit last and in the middle, where two threads' rows meet. A softmax of a cat
+    reads its pieces at offsets, so its exp loop has no blocks to carry the pending row:
+    that row is stored after the loop. (A missing fence would not show on one machine: x86
+    orders a thread's own loads after its streaming stores.)"""
     forward = """
         def special(t):
             t = t.clone()
@@ -194,22 +195,28 @@ def test_streamed_softmax_matches_eager_with_special_values(tmp_path, kernel_cac
             t[middle, : t.shape[1] - 1] = float("-inf")
             t[-1] = float("-inf")
             return t
-        return tuple(torch.softmax(special(t), -1) for t in (x, x1, x2, x3))
+        return tuple(torch.softmax(special(t), -1) for t in (x, x1, x2, x3)) + (
+            torch.softmax(torch.cat([x4, x4 * 2], -1), -1),)
     """
     path = write_model(tmp_path, "softmax_streamed", forward, "torch.randn(4100, 1031, generator=g) * 30",
                        "torch.randn(16400, 257, generator=g) * 30", "torch.randn(850, 5000, generator=g) * 30",
-                       "torch.randn(1024, 4096, generator=g) * 30")
+                       "torch.randn(1024, 4096, generator=g) * 30", "torch.randn(1024, 2048, generator=g) * 30")
     reprs, runs, eager, graph = run_forms(path, kernel_cache, lambda t: t.online == 2)
-    assert [r.count(";stream=1") for r in reprs] == [4, 0], reprs
+    assert [r.count(";stream=1") for r in reprs] == [5, 0], reprs
     streamed = [k for k in graph.distinct_kernels() if softmax_store.streams(k)]
-    assert len(streamed) == 4
+    assert len(streamed) == 5
+    unblocked = 0
     for kernel in streamed:
         source = backends.get("cpu").render_kernel(kernel, tiling.solve(kernel, DEVICE_LIMIT)[0])
         assert "ap_stream_fence();" in source
         # rows of 1025+ defer their store into the next row's exp loop; 257 stores at once
-        deferred = kernel.inner_size > 1024
-        assert ("ap_store_scaled_streaming(pending_out + pb" in source) == deferred
+        deferred = kernel.inner_size > renderer.ONLINE_CHUNK
+        blocked = "__builtin_prefetch(" in source  # not the cat: its store follows the loop
+        unblocked += deferred and not blocked
+        assert ("ap_store_scaled_streaming(pending_out + pb" in source) == (deferred and blocked)
+        assert ("ap_store_scaled_streaming(pending_out + jc" in source) == deferred
         assert ("ap_store_scaled_streaming(out0" in source) == (not deferred)
+    assert unblocked == 1
     assert_close(runs, reprs, eager, atol=1e-6, rtol=2e-7)
 
 

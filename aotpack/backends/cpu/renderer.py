@@ -428,6 +428,7 @@ def render_kernel(kernel: FusedKernel, tiling) -> str:
         segments=j_segments(body.j_splits, kernel.inner_size),
         items=row_blocks * tiles, row_block=row_block, outer=outer, block_dim=tiling.block_dim,
         chunk=tiling.chunk, simdlen=tiling.simdlen, tiling_repr=tiling.tiling_repr, workspace=tiling.workspace,
-        optional_helpers=optional_helpers(body.row_lines + body.write_lines + list(body.thread_lines + body.thread_end_lines)),
+        optional_helpers=optional_helpers(
+            [*body.thread_lines, *body.row_lines, *body.write_lines, *body.thread_end_lines]),
         loop_lines=loop_lines,
     )
