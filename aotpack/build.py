@@ -26,6 +26,7 @@ from aotpack import debug_artifacts, gemm, gemm_cache, leftovers, parity, replay
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.export import check_version, export_model, load_model
+from aotpack.ir import walk_steps
 from aotpack.lowering import lower
 from aotpack.progress import BuildProgress
 
@@ -201,8 +202,12 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
             graph = lower(ep, backend.dtypes)
         except AotpackError as exc:
             raise AotpackError(f"{model_file.path}: {exc}") from None
-    log.info("lowered %s: %d fused kernel launches of %d distinct kernels, %d extern calls", name,
-             len(graph.kernels), len(graph.distinct_kernels()), len(graph.extern_calls()))
+    choice_steps = sum(1 for step in walk_steps(graph.steps) if isinstance(step, gemm.GemmStep))
+    # Counted before PGO picks each GEMM/conv step's implementation: the kernels of every
+    # template variant are in it; the final line counts what the archive launches.
+    log.info("lowered %s: %d fused kernel launches of %d distinct kernels (counting every candidate "
+             "implementation of %d GEMM/conv steps), %d extern calls", name, len(graph.kernels),
+             len(graph.distinct_kernels()), choice_steps, len(graph.extern_calls()))
 
     toolchain = backend.toolchain(settings)
     target = backend.target(settings)
@@ -272,6 +277,6 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                                        captured, source)
         log.info("sources, compile scripts, kernel inputs and benchmark.py per kernel written to %s", folder)
     seconds["total"] = time.perf_counter() - start
-    log.info("wrote %s (%d distinct kernels at %d launch sites, %d compiled, %.1f s)", archive, len(sets),
-             len(graph.kernels), compiled_count, seconds["total"])
+    log.info("wrote %s (%d fused kernel launches of %d distinct kernels, %d compiled, %.1f s)", archive,
+             len(graph.kernels), len(sets), compiled_count, seconds["total"])
     return BuildResult(archive, manifest, seconds, check.max_abs_error, compiled_count)
