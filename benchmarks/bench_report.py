@@ -226,6 +226,38 @@ def bandwidth_table(result: dict) -> list[str]:
     return lines
 
 
+def roofline_table(result: dict) -> list[str]:
+    """Markdown lines: per compute-bound model (every model not marked memory-bound) its
+    FLOPs and, per thread count, aotpack's achieved GFLOP/s (FLOPs / median time) and its
+    share of the measured fp32 peak of that many cores (``result["peak_gflops"]``)."""
+    threads = [str(t) for t in result["threads"]]
+    peaks = result.get("peak_gflops", {}).get("fp32", {})
+    head = ["model", "GFLOP"] + [h for t in threads for h in (f"GFLOP/s @{t}", f"% of fp32 peak @{t}")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model in result["models"]:
+        flops = model.get("flops")
+        if model.get("memory_bound") or not flops:
+            continue
+        cells = [model["name"], f"{flops / 1e9:.2f}"]
+        for t in threads:
+            time_us = median_of(model["runs"].get(t, {}).get("aotpack"))
+            rate = None if time_us is None else flops / (time_us * 1e-6) / 1e9
+            peak = peaks.get(t)
+            cells += ["—" if rate is None else f"{rate:.1f}",
+                      "—" if rate is None or not peak else f"{100.0 * rate / peak:.0f} %"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def peak_line(result: dict) -> str:
+    """The measured peaks as one sentence (GFLOP/s per thread count and dtype)."""
+    parts = []
+    for dtype, by_threads in result.get("peak_gflops", {}).items():
+        for t, value in by_threads.items():
+            parts.append(f"{dtype} @{t}: " + ("not supported" if value is None else f"{value:.0f} GFLOP/s"))
+    return "Measured peak (register-resident FMA loop, benchmarks/roofline.py): " + (", ".join(parts) or "—") + "."
+
+
 def bandwidth_share(bytes_moved: int, time_us: float, stream_gbs: float) -> float:
     """Percent of the streaming bandwidth ``stream_gbs`` (GB/s, 1e9 bytes) reached by moving
     ``bytes_moved`` bytes in ``time_us`` microseconds."""
@@ -252,7 +284,12 @@ def markdown(result: dict, chart: str | None = None) -> str:
     out += ["## Memory-bound micro-models: share of streaming bandwidth", "",
             "Bytes moved = inputs + outputs + weights, each counted once (the minimum traffic); "
             "a cache-resident model can exceed 100 %.", ""]
-    out += bandwidth_table(result) + ["", "## Build, load and artifact size", "",
+    out += bandwidth_table(result) + ["", "## Compute-bound models: achieved GFLOP/s against the peak", "",
+                                      peak_line(result) + " FLOPs of one eager forward from "
+                                      "`torch.utils.flop_counter` (matmuls, convolutions, attention; a "
+                                      "multiply-add = 2); Winograd convolutions count the direct "
+                                      "convolution's FLOPs, so a share can exceed what the FMAs did.", ""]
+    out += roofline_table(result) + ["", "## Build, load and artifact size", "",
                                       "Build = export/convert/compile from the model file (aotpack: a cold "
                                       "`aotpack build` process with an empty kernel cache; AOTInductor: a "
                                       "fresh Inductor cache). Load = from the artifact on disk to a callable.",

@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import bench_report  # noqa: E402
+import roofline  # noqa: E402
 from bench_models import MODELS  # noqa: E402
 from peer_variants import all_variants, warm_torch_export  # noqa: E402
 
@@ -152,6 +153,7 @@ class ModelBench:
         self.entry = {"name": name, "description": (model_file_doc(path) or "").split("\n")[0],
                       "memory_bound": _flag(path),
                       "bytes_moved": _bytes_moved(self.module, self.inputs, self.reference),
+                      "flops": roofline.model_flops(self.module, self.inputs),
                       "variants": {}, "aotpack_phases": {}, "runs": {}}
         self._tmp = tempfile.TemporaryDirectory(prefix="aotpack-peers-")
         self.pending = all_variants(topn, tuple(threads))
@@ -416,11 +418,14 @@ def main(argv=None) -> int:
         return 0
     started = time.perf_counter()
     result = {"machine": _machine(), "versions": _versions(), "method": _method(args, threads),
-              "threads": threads, "stream_gbs": {}, "models": []}
+              "threads": threads, "stream_gbs": {}, "peak_gflops": {"fp32": {}, "bf16": {}}, "models": []}
     for count in threads:
         result["stream_gbs"][str(count)] = stream_bandwidth_gbs(count)
+        for dtype in ("fp32", "bf16"):
+            result["peak_gflops"][dtype][str(count)] = roofline.peak_gflops(count, dtype)
     print(f"{result['machine']}\nstreaming bandwidth: " +
           ", ".join(f"{v:.1f} GB/s @{t}" for t, v in result["stream_gbs"].items()), flush=True)
+    print(bench_report.peak_line(result), flush=True)
     benches = [ModelBench(name, MODELS[name], args.topn, threads) for name in chosen]
     print(f"building {len(benches)} models x {len(all_variants())} variants ({args.build_jobs} child builds at a time)",
           flush=True)
@@ -439,6 +444,7 @@ def main(argv=None) -> int:
         print(f"\n{count} thread(s):")
         print("\n".join(bench_report.latency_table(result, str(count))))
     print("\n" + "\n".join(bench_report.bandwidth_table(result)))
+    print("\n" + "\n".join(bench_report.roofline_table(result)))
     print("\n" + "\n".join(bench_report.build_table(result)))
     print("\n" + "\n".join(bench_report.phase_table(result)))
     if args.json:

@@ -123,3 +123,17 @@ def test_markdown_and_splice_keep_the_intro():
     assert first == f"# Intro\n\nhand-written\n\n{br.BEGIN_MARK}\nGEN1\n{br.END_MARK}\n"
     again = br.splice(first, "GEN2")
     assert again == f"# Intro\n\nhand-written\n\n{br.BEGIN_MARK}\nGEN2\n{br.END_MARK}\n"
+
+
+def test_roofline_table_gives_achieved_gflops_and_the_share_of_the_measured_peak():
+    result = _result()
+    result["peak_gflops"] = {"fp32": {"1": 200.0, "2": 300.0}, "bf16": {"1": 100.0, "2": None}}
+    result["models"][0]["flops"] = 5_000_000  # 5 MFLOP in 50 us = 100 GFLOP/s at 1 thread
+    result["models"][1]["flops"] = 1  # memory-bound: not in the table
+    lines = br.roofline_table(result)
+    assert lines[0] == "| model | GFLOP | GFLOP/s @1 | % of fp32 peak @1 | GFLOP/s @2 | % of fp32 peak @2 |"
+    assert lines[2:] == ["| a | 0.01 | 100.0 | 50 % | 50.0 | 17 % |"]
+    assert br.peak_line(result) == ("Measured peak (register-resident FMA loop, benchmarks/roofline.py): "
+                                    "fp32 @1: 200 GFLOP/s, fp32 @2: 300 GFLOP/s, bf16 @1: 100 GFLOP/s, "
+                                    "bf16 @2: not supported.")
+    assert "| a | 0.01 | 100.0 | 50 % |" in br.markdown(result)

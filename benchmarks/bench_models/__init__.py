@@ -26,3 +26,16 @@ MODELS: dict[str, Path] = {
     "colsum_4096": HERE / "colsum_4096.py",
     "views_cat": HERE / "views_cat.py",
 }
+
+#: The full-size public architectures users ship (issue 48), after the models above.
+FULL_SIZE: dict[str, Path] = {
+    "vit_s16_full": HERE / "vit_s16_full.py",
+    "deit_tiny": HERE / "deit_tiny.py",
+    "resnet50": HERE / "resnet50.py",
+    "efficientnet_b0": HERE / "efficientnet_b0.py",
+    "mobilenetv3_large": HERE / "mobilenetv3_large.py",
+    "convnext_t": HERE / "convnext_t.py",
+    "distilbert_base": HERE / "distilbert_base.py",
+    "whisper_tiny_encoder": HERE / "whisper_tiny_encoder.py",
+}
+MODELS.update(FULL_SIZE)

@@ -13,20 +13,22 @@ IMAGE, PATCH, DIM, HEADS, MLP, LAYERS = 224, 16, 384, 6, 1536, 4
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self):
+    def __init__(self, dim: int = DIM, heads: int = HEADS, mlp: int = MLP):
         super().__init__()
-        self.ln1 = nn.LayerNorm(DIM, eps=1e-6)
-        self.qkv = nn.Linear(DIM, 3 * DIM)
-        self.proj = nn.Linear(DIM, DIM)
-        self.ln2 = nn.LayerNorm(DIM, eps=1e-6)
-        self.fc1 = nn.Linear(DIM, MLP)
-        self.fc2 = nn.Linear(MLP, DIM)
+        self.dim, self.heads = dim, heads
+        self.ln1 = nn.LayerNorm(dim, eps=1e-6)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim, eps=1e-6)
+        self.fc1 = nn.Linear(dim, mlp)
+        self.fc2 = nn.Linear(mlp, dim)
 
     def attention(self, x):
         batch, seq, _ = x.shape
-        q, k, v = self.qkv(x).view(batch, seq, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
-        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(DIM // HEADS), dim=-1)
-        return self.proj((weights @ v).transpose(1, 2).reshape(batch, seq, DIM))
+        head = self.dim // self.heads
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, head).permute(2, 0, 3, 1, 4)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(head), dim=-1)
+        return self.proj((weights @ v).transpose(1, 2).reshape(batch, seq, self.dim))
 
     def forward(self, x):
         x = x + self.attention(self.ln1(x))
@@ -34,14 +36,17 @@ class EncoderLayer(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, classes: int = 1000):
+    """A ViT of ``layers`` encoder layers of width ``dim`` (defaults: this file's ViT-S/16)."""
+
+    def __init__(self, classes: int = 1000, dim: int = DIM, heads: int = HEADS, mlp: int = MLP,
+                 layers: int = LAYERS):
         super().__init__()
-        self.patch = nn.Conv2d(3, DIM, PATCH, PATCH)
-        self.cls = nn.Parameter(torch.randn(1, 1, DIM) * 0.02)
-        self.pos = nn.Parameter(torch.randn(1, (IMAGE // PATCH) ** 2 + 1, DIM) * 0.02)
-        self.layers = nn.Sequential(*[EncoderLayer() for _ in range(LAYERS)])
-        self.ln = nn.LayerNorm(DIM, eps=1e-6)
-        self.head = nn.Linear(DIM, classes)
+        self.patch = nn.Conv2d(3, dim, PATCH, PATCH)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, (IMAGE // PATCH) ** 2 + 1, dim) * 0.02)
+        self.layers = nn.Sequential(*[EncoderLayer(dim, heads, mlp) for _ in range(layers)])
+        self.ln = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, classes)
 
     def forward(self, x):
         x = self.patch(x).flatten(2).transpose(1, 2)
