@@ -29,8 +29,9 @@ def fixture(tmp_path_factory):
 def env(tmp_path):
     """A private TMPDIR and extraction cache per test."""
     (tmp_path / "tmp").mkdir()
-    return dict(os.environ, TMPDIR=str(tmp_path / "tmp"), XDG_CACHE_HOME=str(tmp_path / "cache"),
-                AOTPACK_TRUSTED_KEYS="")
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("AOTPACK_TRUSTED_KEYS", None)  # no keys (set but empty is an error)
+    return env
 
 
 def run(env, *args, timeout=60):
