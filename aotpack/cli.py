@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also every candidate's timing during autotune")
+                        help="also every candidate's timing during autotune; with run, the signature line")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
