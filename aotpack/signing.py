@@ -7,6 +7,7 @@ and SubjectPublicKeyInfo public keys (``openssl pkey -in KEY.pem -pubout``).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -126,9 +127,14 @@ def sign_bytes(message: bytes, key_path: str | Path) -> bytes:
     return _load_private(key_path).sign(message)
 
 
-def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> None:
+def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> tuple[str, str]:
     """Raise unless ``signature`` verifies ``message`` with one of the PEM public keys
-    (the runtime's rule and messages, native/src/signature.cpp)."""
+    (the runtime's rule and messages, native/src/signature.cpp).
+
+    Returns:
+        (path, fingerprint) of the first key that verifies it: the path as given and the
+        hex sha256 of the key's DER SubjectPublicKeyInfo, as the runtime reports them.
+    """
     serialization, ed25519, invalid = _crypto()
     keys = []
     for path in key_paths:
@@ -143,12 +149,13 @@ def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> None
         keys.append(key)
     if len(signature) != 64:
         raise AotpackError("manifest.sig is not a 64-byte Ed25519 signature")
-    for key in keys:
+    for path, key in zip(key_paths, keys):
         try:
             key.verify(signature, message)
-            return
         except invalid:
             continue
+        der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return str(path), hashlib.sha256(der).hexdigest()
     raise AotpackError(f"manifest.sig does not verify with any trusted key ({len(keys)} in "
                        "AOTPACK_TRUSTED_KEYS/--trusted-key): the archive was modified or signed by someone else")
 

@@ -71,8 +71,9 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
     manifest = report.manifest
     lines = [f"files: {report.files} entries match their sha256, the manifest its digest, "
              f"every .so passes the ELF check"]
-    if keys:
-        lines.append(f"signature: valid ({len(keys)} trusted key(s))")
+    if keys:  # reader.check verified it; this names the key, as aotpack-run -v does
+        path, fingerprint = signing.verify_bytes(report.manifest_text, report.signature, keys)
+        lines.append(f"signature: valid, key {path} (sha256 {fingerprint})")
     else:
         lines.append("signature: " + ("present, not checked (no trusted keys given)" if report.signature
                                       else "none (unsigned archive)"))

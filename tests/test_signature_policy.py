@@ -157,6 +157,9 @@ def test_verbose_prints_the_signature_line(fixture, signed, keys, env, aotpack_m
         assert out.splitlines()[0] == line
     result = native(env, signed, "--check")
     assert result.stdout.startswith("ok: fixture_mlp 0.1.0")  # no line without -v
+    status, out, err = aotpack_main("verify", signed, "--trusted-key", keys["public"])
+    assert status == 0, err
+    assert out.splitlines()[1] == valid  # aotpack verify names the key the same way
 
 
 # ---- keys travel as arguments ----
