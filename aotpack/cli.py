@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also every candidate's timing during autotune")
+                        help="also every candidate's timing during autotune; with run, the signature line")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--device-limit", type=int, default=0)
     r.add_argument("--trusted-key", action="append", default=[], metavar="PUB.pem",
                    help="require a signature by this public key (repeatable; adds to AOTPACK_TRUSTED_KEYS)")
+    r.add_argument("--require-signature", action="store_true",
+                   help="refuse unless trusted keys are set (env AOTPACK_REQUIRE_SIGNATURE=1)")
+    r.add_argument("-v", "--verbose", dest="show_signature", action="store_true",
+                   help="first print whether the archive was signed and by which key (as aotpack-run -v)")
 
     v = sub.add_parser("verify", help="check an archive without running it; --run also loads it and reruns its self-test")
     v.add_argument("archive")
@@ -83,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="also load it with the native runtime and run its self-test (executes archive code)")
     v.add_argument("--trusted-key", action="append", default=[], metavar="PUB.pem",
                    help="require a signature by this public key (repeatable; adds to AOTPACK_TRUSTED_KEYS)")
+    v.add_argument("--require-signature", action="store_true",
+                   help="fail unless trusted keys are set (env AOTPACK_REQUIRE_SIGNATURE=1)")
 
     s = sub.add_parser("sign", help="sign an archive in place with an Ed25519 private key")
     s.add_argument("archive")
@@ -127,14 +133,12 @@ def _build(args) -> int:
 
 
 def _run(args) -> int:
-    import os
-
     from aotpack.run import run
 
-    if args.trusted_key:  # the runtime reads them from the environment
-        keys = [k for k in os.environ.get("AOTPACK_TRUSTED_KEYS", "").split(":") if k] + args.trusted_key
-        os.environ["AOTPACK_TRUSTED_KEYS"] = ":".join(keys)
-    for line in run(args.archive, args.inputs, args.output, args.bench, args.device_limit):
+    # the keys go to aotpack.load; the runtime adds AOTPACK_TRUSTED_KEYS's itself
+    for line in run(args.archive, args.inputs, args.output, args.bench, args.device_limit,
+                    trusted_keys=args.trusted_key, require_signature=args.require_signature,
+                    verbose=args.show_signature or args.verbose):
         print(line)
     return 0
 
@@ -200,7 +204,8 @@ def _verify(args) -> int:
     from aotpack.verify import verify
 
     keys = trusted_keys_from_env() + args.trusted_key
-    for line in verify(args.archive, run=args.run, trusted_keys=keys):
+    for line in verify(args.archive, run=args.run, trusted_keys=keys,
+                       require_signature=args.require_signature or None):
         print(line)
     return 0
 

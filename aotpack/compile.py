@@ -139,6 +139,9 @@ def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFo
     Raises:
         AotpackError: a compiler failure, naming the source file.
     """
+    temp_root = getattr(toolchain, "temp_root", None)
+    if temp_root is not None:  # compiler temp folders of killed builds, also when nothing compiles
+        leftovers.remove_dead(temp_root, "aotpack-cc-*")
     compiled = {}
     for kid, cs in sets.items():
         folder = folders[kid]

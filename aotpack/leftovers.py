@@ -3,10 +3,13 @@
 Every temp name aotpack makes carries ``pid<pid>`` (``.kernel.so.pid1234.tmp``,
 ``.mlp-0.1.0.aotpack.pid1234.xyz.partial``, ``aotpack-model-pid1234-xyz``). A SIGKILLed build
 cannot clean up after itself; the next build removes what such dead processes left,
-and never touches the files of a build that is still running.
+and never touches the files of a build that is still running. The compiler's own temp
+files (gcc's ``cc*.o``/``cc*.s``) go to a folder of the same kind, ``<build
+cache>/tmp/aotpack-cc-pid1234-xyz``, its ``TMPDIR`` (``compiler_tmpdir``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -80,3 +83,29 @@ def temp_prefix(what: str) -> str:
 def clean_tmpdir() -> int:
     """Remove aotpack temp folders in TMPDIR left by killed processes."""
     return remove_dead(Path(tempfile.gettempdir()), "aotpack-*")
+
+
+def compiler_temp_root(cache_dir: Path) -> Path:
+    """Where compiler runs of builds using the build cache ``cache_dir`` keep their temp
+    folders (``compiler_tmpdir``)."""
+    return Path(cache_dir) / "tmp"
+
+
+@contextlib.contextmanager
+def compiler_tmpdir(root: Path):
+    """A new folder ``<root>/aotpack-cc-pid<pid>-*`` for one compiler run's temp files
+    (pass it as the child's ``TMPDIR``), removed when the block ends. Folders of killed
+    processes under ``root`` are removed first, so a SIGKILLed build leaves them only until
+    the next compile.
+
+    Raises:
+        OSError: ``root`` cannot be created.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    remove_dead(root, "aotpack-cc-*")
+    folder = tempfile.mkdtemp(prefix=temp_prefix("cc"), dir=root)
+    try:
+        yield Path(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -204,6 +204,9 @@ def _library() -> ctypes.CDLL:
                 "aotpack_model_run_torch": (i32, [p, ctypes.POINTER(p), i64, ctypes.POINTER(p), i64]),
                 "aotpack_model_stats": (i32, [p, ctypes.POINTER(_RunStats)]),
                 "aotpack_dlpack_live_tensors": (i64, []),
+                "aotpack_npy_load": (i32, [ctypes.c_char_p, ctypes.POINTER(p)]),
+                "aotpack_model_signature": (i32, [p, ctypes.POINTER(i32), ctypes.POINTER(ctypes.c_char_p),
+                                                   ctypes.POINTER(ctypes.c_char_p)]),
             }
             for name, (restype, argtypes) in signatures.items():
                 try:
@@ -411,6 +414,8 @@ class Model:
         self._handle = handle
         try:
             self._describe(handle)
+            #: How the archive was signed, as checked at load (None: unsigned).
+            self.signature: Signature | None = _signature(self._lib, handle)
         except BaseException:  # nothing else holds the handle yet
             self._lib.aotpack_model_free(handle)
             raise
@@ -569,6 +574,52 @@ class Model:
         self.close()
 
 
+#: aotpack_model_signature's states (runtime.h AOTPACK_SIGNATURE_*).
+_SIGNATURE_NONE, _SIGNATURE_UNCHECKED, _SIGNATURE_VERIFIED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How a loaded archive was signed (``Model.signature``; None for an unsigned one).
+
+    ``verified``: checked against a trusted key (``trusted_keys=``/AOTPACK_TRUSTED_KEYS);
+    False when the archive carries a signature but no key was given to check it, and then
+    ``key_path`` and ``key_sha256`` are None. ``key_path``: the trusted key that verified
+    it, as it was given. ``key_sha256``: that key's fingerprint, the hex sha256 of its DER
+    SubjectPublicKeyInfo (``openssl pkey -pubin -in KEY.pub.pem -outform DER | sha256sum``).
+    """
+
+    verified: bool
+    key_path: str | None = None
+    key_sha256: str | None = None
+
+
+def _signature(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> Signature | None:
+    state, path, fingerprint = ctypes.c_int32(), ctypes.c_char_p(), ctypes.c_char_p()
+    if lib.aotpack_model_signature(handle, ctypes.byref(state), ctypes.byref(path), ctypes.byref(fingerprint)):
+        raise AotpackError(_last_error(lib))
+    if state.value == _SIGNATURE_NONE:
+        return None
+    if state.value == _SIGNATURE_UNCHECKED:
+        return Signature(verified=False)
+    return Signature(True, os.fsdecode(path.value), fingerprint.value.decode("ascii"))
+
+
+def read_npy(path: str | Path) -> torch.Tensor:
+    """A ``.npy`` file as a torch tensor, read by the runtime's own reader
+    (``aotpack_npy_load``, the one aotpack-run uses): the same checks and messages, 0-dim
+    arrays stay 0-dim, nothing is allocated before the header's size matched the file's.
+
+    Raises:
+        AotpackError: one line naming the file and the problem (runtime.h lists them).
+    """
+    lib = _library()
+    managed = ctypes.c_void_p()
+    if lib.aotpack_npy_load(os.fsencode(path), ctypes.byref(managed)):
+        raise AotpackError(_last_error(lib))
+    return _to_torch([managed.value])[0]
+
+
 def _to_torch(pointers: list[int]) -> list[torch.Tensor]:
     """torch tensors over DLManagedTensorVersioned the runtime handed out; frees what it
     cannot convert, so nothing leaks on error."""
@@ -598,7 +649,8 @@ def load(path: str | Path, device_limit: int | None = None, *,
             with any key set the archive must carry a valid signature by one of them.
         verify_archive: read and check every byte of the archive even when its
             extraction-cache entry exists.
-        require_signature: refuse the load unless trusted keys are set.
+        require_signature: refuse the load unless trusted keys are set (also
+            AOTPACK_REQUIRE_SIGNATURE=1). ``Model.signature`` says how it was signed.
 
     Raises:
         AotpackError: the runtime library is missing (the message says how to build it)

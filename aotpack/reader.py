@@ -59,8 +59,11 @@ class Limits:
 
 
 def trusted_keys_from_env() -> list[str]:
-    """The PEM public keys named in $AOTPACK_TRUSTED_KEYS (colon-separated)."""
-    return [p for p in os.environ.get("AOTPACK_TRUSTED_KEYS", "").split(":") if p]
+    """The PEM public keys named in $AOTPACK_TRUSTED_KEYS (``signing.trusted_keys_from_env``:
+    set but naming no key is an error)."""
+    from aotpack.signing import trusted_keys_from_env
+
+    return trusted_keys_from_env()
 
 
 @dataclass

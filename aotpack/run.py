@@ -15,31 +15,39 @@ import numpy as np
 import torch
 
 from aotpack.errors import AotpackError
-from aotpack.loader import Model, load
+from aotpack.loader import Model, Signature, load, read_npy
 
 SHOWN = 8  # values printed per output
 WARMUP = 10  # as aotpack-run --warmup
 
 
+def _describe(dtype: torch.dtype, shape) -> str:
+    """``float32[2, 3]``, as the runtime's messages write a dtype and shape."""
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+
+
 def read_inputs(model: Model, paths: list[str | Path]) -> list[torch.Tensor]:
-    """One tensor per ``.npy`` file, in manifest order. float32 files feed bfloat16 inputs
-    (``.npy`` has no bfloat16); any other dtype must match the manifest.
+    """One tensor per ``.npy`` file, in manifest order, read by the runtime's reader
+    (``loader.read_npy``, as aotpack-run). float32 files feed bfloat16 inputs (``.npy``
+    has no bfloat16); otherwise dtype and shape must match the manifest.
 
     Raises:
-        AotpackError: wrong number of files, an unreadable file.
+        AotpackError: wrong number of files, an unreadable or malformed file, a dtype or
+            shape that differs from the model's input (aotpack-run's messages).
     """
     if len(paths) != len(model.inputs):
-        raise AotpackError(f"model '{model.name}' {model.version} takes {len(model.inputs)} input(s) "
-                           f"({', '.join(s.name for s in model.inputs)}), got {len(paths)} file(s)")
+        signature = ", ".join(f"{s.name}: {_describe(s.dtype, s.shape)}" for s in model.inputs)
+        raise AotpackError(f"model '{model.name}' takes {len(model.inputs)} input(s) ({signature}), "
+                           f"got {len(paths)} .npy file(s)")
     tensors = []
-    for path, spec in zip(paths, model.inputs):
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise AotpackError(f"{path}: not a readable .npy file: {exc}") from None
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
-        if spec.dtype == torch.bfloat16 and tensor.dtype == torch.float32:
+    for index, (path, spec) in enumerate(zip(paths, model.inputs)):
+        tensor = read_npy(path)
+        stored = tensor.dtype
+        if spec.dtype == torch.bfloat16 and stored == torch.float32:
             tensor = tensor.to(torch.bfloat16)
+        if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+            raise AotpackError(f"input {index} ('{spec.name}'): expected {_describe(spec.dtype, spec.shape)}, "
+                               f"got {_describe(stored, tensor.shape)} from {path}")
         tensors.append(tensor)
     return tensors
 
@@ -90,9 +98,22 @@ def describe_output(name: str, tensor: torch.Tensor) -> str:
     return text + (f" ... ({tensor.numel()} values)" if tensor.numel() > SHOWN else "")
 
 
+def signature_line(signature: Signature | None) -> str:
+    """The ``signature: ...`` line of ``-v``, as aotpack-run prints it."""
+    if signature is None:
+        return "signature: none (unsigned archive)"
+    if not signature.verified:
+        return "signature: present, not checked (no trusted keys given)"
+    return f"signature: valid, key {signature.key_path} (sha256 {signature.key_sha256})"
+
+
 def run(archive: str | Path, inputs: list[str | Path], output: str | Path | None = None,
-        bench_runs: int = 0, device_limit: int = 0) -> list[str]:
+        bench_runs: int = 0, device_limit: int = 0, trusted_keys: list[str] = (),
+        require_signature: bool = False, verbose: bool = False) -> list[str]:
     """Load ``archive``, run it on the ``.npy`` files and return the lines to print.
+
+    ``trusted_keys`` and ``require_signature`` go to ``aotpack.load`` (which adds
+    AOTPACK_TRUSTED_KEYS's keys); ``verbose`` adds the ``signature:`` line first.
 
     Raises:
         AotpackError: a load or run failure, bad input files, a negative ``bench_runs``.
@@ -102,9 +123,10 @@ def run(archive: str | Path, inputs: list[str | Path], output: str | Path | None
     if device_limit:
         torch.set_num_threads(device_limit)  # ATen's extern calls honour the limit too
     start = time.perf_counter()
-    with load(archive, device_limit or None) as model:
-        lines = []
+    with load(archive, device_limit or None, trusted_keys=trusted_keys,
+              require_signature=require_signature) as model:
         load_ms = (time.perf_counter() - start) * 1e3
+        lines = [signature_line(model.signature)] if verbose else []
         tensors = read_inputs(model, inputs)
         if bench_runs:
             outputs, latency = bench(model, tensors, bench_runs)

@@ -7,12 +7,56 @@ and SubjectPublicKeyInfo public keys (``openssl pkey -in KEY.pem -pubout``).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
 
 from aotpack import layout
 from aotpack.errors import AotpackError
+
+
+#: Colon-separated PEM public keys; set, the runtime and ``aotpack verify`` require a
+#: signature by one of them.
+ENV_TRUSTED_KEYS = "AOTPACK_TRUSTED_KEYS"
+#: ``1``: refuse to load or pass an archive unless trusted keys are set.
+ENV_REQUIRE_SIGNATURE = "AOTPACK_REQUIRE_SIGNATURE"
+
+
+def trusted_keys_from_env() -> list[str]:
+    """The PEM public keys named in $AOTPACK_TRUSTED_KEYS (colon-separated; empty
+    components between keys are skipped), the runtime's rule (native/src/signature.cpp).
+
+    Raises:
+        AotpackError: it is set but names no key (``""``, ``":"``): an empty setting must
+            not turn the signature check off.
+    """
+    raw = os.environ.get(ENV_TRUSTED_KEYS)
+    if raw is None:
+        return []
+    keys = [p for p in raw.split(":") if p]
+    if not keys:
+        raise AotpackError(f"{ENV_TRUSTED_KEYS} is set but names no key: '{raw}'; set it to colon-separated "
+                           "PEM public key files, or unset it to load unsigned archives")
+    return keys
+
+
+def signature_required_from_env() -> bool:
+    """$AOTPACK_REQUIRE_SIGNATURE: ``1`` requires trusted keys (and so a valid signature);
+    unset, empty or ``0`` does not.
+
+    Raises:
+        AotpackError: any other value.
+    """
+    raw = os.environ.get(ENV_REQUIRE_SIGNATURE, "")
+    if raw not in ("", "0", "1"):
+        raise AotpackError(f"{ENV_REQUIRE_SIGNATURE} must be 0 or 1, got '{raw}'")
+    return raw == "1"
+
+
+#: The runtime's message (native/src/model.cpp) for a required signature without keys.
+NO_KEY_FOR_REQUIRED_SIGNATURE = ("a signature is required, but no trusted key is set (AOTPACK_TRUSTED_KEYS "
+                                 "or --trusted-key)")
 
 
 def _crypto():
@@ -83,9 +127,14 @@ def sign_bytes(message: bytes, key_path: str | Path) -> bytes:
     return _load_private(key_path).sign(message)
 
 
-def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> None:
+def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> tuple[str, str]:
     """Raise unless ``signature`` verifies ``message`` with one of the PEM public keys
-    (the runtime's rule and messages, native/src/signature.cpp)."""
+    (the runtime's rule and messages, native/src/signature.cpp).
+
+    Returns:
+        (path, fingerprint) of the first key that verifies it: the path as given and the
+        hex sha256 of the key's DER SubjectPublicKeyInfo, as the runtime reports them.
+    """
     serialization, ed25519, invalid = _crypto()
     keys = []
     for path in key_paths:
@@ -100,12 +149,13 @@ def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> None
         keys.append(key)
     if len(signature) != 64:
         raise AotpackError("manifest.sig is not a 64-byte Ed25519 signature")
-    for key in keys:
+    for path, key in zip(key_paths, keys):
         try:
             key.verify(signature, message)
-            return
         except invalid:
             continue
+        der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return str(path), hashlib.sha256(der).hexdigest()
     raise AotpackError(f"manifest.sig does not verify with any trusted key ({len(keys)} in "
                        "AOTPACK_TRUSTED_KEYS/--trusted-key): the archive was modified or signed by someone else")
 

@@ -6,7 +6,8 @@ Each check prints one line:
    every entry's size and sha256, safe entries, ELF headers of every .so, the weights
    against the manifest's constants, all without executing archive code;
 2. signature: checked against the trusted keys (``--trusted-key``/AOTPACK_TRUSTED_KEYS)
-   when any are given, and then required;
+   when any are given, and then required; ``--require-signature``
+   (AOTPACK_REQUIRE_SIGNATURE=1) fails without keys;
 3. only with ``--run`` (this executes the archive's code): the native runtime loads it as
    a deployment would (torch version, CPU features, model.so and every kernel), runs the
    inputs stored by ``build --selftest`` and compares its outputs with the stored eager
@@ -15,31 +16,14 @@ Each check prints one line:
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from pathlib import Path
 
-from aotpack import reader
+from aotpack import reader, signing
 from aotpack.errors import AotpackError
 from aotpack.runtime import find_runtime_library
 from aotpack.layout import SELFTEST_INPUTS_PATH as SELFTEST_INPUTS
 from aotpack.layout import SELFTEST_OUTPUTS_PATH as SELFTEST_OUTPUTS
-
-
-@contextlib.contextmanager
-def _trusted_keys_set(keys: list[str]):
-    """$AOTPACK_TRUSTED_KEYS set to ``keys`` while the runtime loads (it reads the variable),
-    restored afterwards."""
-    before = os.environ.get("AOTPACK_TRUSTED_KEYS")
-    os.environ["AOTPACK_TRUSTED_KEYS"] = ":".join(keys)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["AOTPACK_TRUSTED_KEYS"]
-        else:
-            os.environ["AOTPACK_TRUSTED_KEYS"] = before
 
 
 def selftest_files(inputs, outputs, output_names) -> dict[str, bytes]:
@@ -61,13 +45,16 @@ NOT_RUN = ("load: not run, no archive code was executed (pass --run to load it n
            "and rerun its self-test)")
 
 
-def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | None = None) -> list[str]:
+def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | None = None,
+           require_signature: bool | None = None) -> list[str]:
     """Run the checks; returns report lines.
 
     Args:
         run: also load the archive natively and run its self-test (executes its code).
-        trusted_keys: PEM public keys (default: $AOTPACK_TRUSTED_KEYS); when any are
-            given, the archive must be signed by one of them.
+        trusted_keys: PEM public keys (default: $AOTPACK_TRUSTED_KEYS, which may not be set
+            to name no key); when any are given, the archive must be signed by one of them.
+        require_signature: fail unless trusted keys are given (default:
+            $AOTPACK_REQUIRE_SIGNATURE), so an unsigned archive never passes.
 
     Raises:
         AotpackError: the first failed check, with the lines of the passed ones before it;
@@ -76,13 +63,17 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
     """
     archive = Path(archive)
     keys = reader.trusted_keys_from_env() if trusted_keys is None else list(trusted_keys)
+    required = signing.signature_required_from_env() if require_signature is None else require_signature
+    if required and not keys:
+        raise AotpackError(signing.NO_KEY_FOR_REQUIRED_SIGNATURE)
     wanted = {SELFTEST_INPUTS, SELFTEST_OUTPUTS} if run else set()
     report = reader.check(archive, trusted_keys=keys, keep=wanted.__contains__)
     manifest = report.manifest
     lines = [f"files: {report.files} entries match their sha256, the manifest its digest, "
              f"every .so passes the ELF check"]
-    if keys:
-        lines.append(f"signature: valid ({len(keys)} trusted key(s))")
+    if keys:  # reader.check verified it; this names the key, as aotpack-run -v does
+        path, fingerprint = signing.verify_bytes(report.manifest_text, report.signature, keys)
+        lines.append(f"signature: valid, key {path} (sha256 {fingerprint})")
     else:
         lines.append("signature: " + ("present, not checked (no trusted keys given)" if report.signature
                                       else "none (unsigned archive)"))
@@ -96,8 +87,7 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
     find_runtime_library()  # a missing runtime is its own error, not a failed check
     started = time.perf_counter()
     try:  # one load and one run: the load line and the self-test come from the same model
-        with _trusted_keys_set(keys):
-            model = load(archive)
+        model = load(archive, trusted_keys=keys, require_signature=required)
     except AotpackError as exc:
         raise AotpackError("\n".join(lines + [str(exc)])) from None
     with model:

@@ -311,7 +311,8 @@ def run_case(case: Case, work: Path) -> list[str]:
     path.write_bytes(case.data)
     tmp, cache = work / "tmp", work / "cache"
     tmp.mkdir(exist_ok=True)
-    env = dict(os.environ, TMPDIR=str(tmp), XDG_CACHE_HOME=str(cache), AOTPACK_TRUSTED_KEYS="", **LIMITS)
+    env = dict(os.environ, TMPDIR=str(tmp), XDG_CACHE_HOME=str(cache), **LIMITS)
+    env.pop("AOTPACK_TRUSTED_KEYS", None)  # no keys: set but empty is an error
     runtime = _run([str(RUNTIME), str(path), "--check"], env, RUNTIME_AS)
     python = _run([sys.executable, "-m", "aotpack", "verify", str(path)],
                   dict(env, PYTHONPATH=str(REPO)), PYTHON_AS)

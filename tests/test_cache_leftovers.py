@@ -74,3 +74,46 @@ def test_temp_files_of_a_killed_build_are_removed_and_a_running_builds_kept(tmp_
     gemm_cache.write_all(gemm_root, SimpleNamespace(steps=[]), {}, 0)
     assert [p for p in dead_files if p.exists()] == []
     assert [p for p in live_files if p.exists()] == live_files
+
+
+FAKE_CXX = """#!/bin/sh
+# a stand-in compiler: records its TMPDIR, leaves a temp file there as gcc does, writes -o
+echo "$TMPDIR" >> "$(dirname "$0")/tmpdirs.txt"
+touch "$TMPDIR/ccFake.o"
+while [ $# -gt 0 ]; do [ "$1" = -o ] && echo binary > "$2"; shift; done
+"""
+
+
+def test_the_compiler_runs_with_a_temp_folder_of_its_own_under_the_build_cache(tmp_path, monkeypatch):
+    from aotpack import backends
+    from aotpack.backends.cpu import toolchain as cpu_toolchain
+
+    fake = tmp_path / "bin" / "g++"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_CXX)
+    fake.chmod(0o755)
+    monkeypatch.setattr(cpu_toolchain, "CXX", str(fake))  # what $CXX sets at import
+    settings = SimpleNamespace(target_isa="native", cache_dir=tmp_path / "cache")
+    chain = backends.get("cpu").toolchain(settings)
+    (tmp_path / "k.cpp").write_text("// kernel\n")
+    chain.compile_kernel(tmp_path / "k.cpp", tmp_path / "k.so")
+    chain.compile_kernel(tmp_path / "k.cpp", tmp_path / "k2.so")
+    assert (tmp_path / "k.so").read_text() == "binary\n"
+    first, second = (Path(p) for p in (tmp_path / "bin" / "tmpdirs.txt").read_text().split())
+    root = tmp_path / "cache" / "tmp"
+    assert first.parent == second.parent == root and first != second  # one folder per compiler run
+    assert first.name.startswith(f"aotpack-cc-pid{os.getpid()}-")
+    assert list(root.iterdir()) == []  # removed with the compiler's temp files when it exits
+
+
+def test_compiler_temp_folders_of_a_killed_build_are_removed_by_the_next(tmp_path):
+    sets, folders, store, settings = _setup(tmp_path)
+    root = tmp_path / "tmp"
+    dead, live = root / f"aotpack-cc-pid{DEAD}-x1", root / f"aotpack-cc-pid{os.getppid()}-x2"
+    for folder in (dead, live):
+        folder.mkdir(parents=True)
+        (folder / "ccAbc123.o").write_bytes(b"half")
+    toolchain = FakeToolchain()
+    toolchain.temp_root = root
+    compile_all(sets, folders, toolchain, store, settings)
+    assert sorted(root.iterdir()) == [live]

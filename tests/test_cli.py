@@ -109,8 +109,8 @@ def test_run_prints_outputs_and_benchmarks(build_model, tmp_path):
     assert re.fullmatch(r"latency_us median=[0-9.]+ p10=[0-9.]+ p90=[0-9.]+ runs=5", lines[1])
     result = aotpack("run", archive, "--inputs", x, x)
     assert result.returncode == 1
-    assert result.stderr == ("aotpack: error: model 'dict_outputs' 0.1.0 takes 1 input(s) (x), got 2 "
-                             "file(s)\n")
+    assert result.stderr == ("aotpack: error: model 'dict_outputs' takes 1 input(s) (x: float32[6]), got 2 "
+                             ".npy file(s)\n")  # aotpack-run's message
 
 
 @pytest.mark.parametrize("version", ["01.2.3", "1.2", ""])

@@ -64,6 +64,10 @@ class Limits:
 class Toolchain(ABC):
     """Compiles generated sources into loadable binaries."""
 
+    #: (optional) folder under the build cache where each compiler run gets its own TMPDIR
+    #: (``leftovers.compiler_tmpdir``); None: compilers use the inherited TMPDIR.
+    temp_root: Path | None = None
+
     @abstractmethod
     def fingerprint(self) -> str:
         """Everything besides the source that changes a binary (compiler, flags, target)."""

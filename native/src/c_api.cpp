@@ -209,4 +209,14 @@ int32_t aotpack_tensor_info(AotpackTensor tensor, int32_t* dtype, int64_t* ndim,
 
 void aotpack_tensor_free(AotpackTensor tensor) { aotpack::detail::release_handle(tensor); }
 
+int32_t aotpack_model_signature(const aotpack_model_t* model, int32_t* state,
+                                const char** key_path, const char** key_sha256) {
+  return guarded([&] {
+    const aotpack::SignatureInfo& info = model_of(model).signature();
+    if (state) *state = info.state;
+    if (key_path) *key_path = info.key_path.c_str();
+    if (key_sha256) *key_sha256 = info.key_sha256.c_str();
+  });
+}
+
 }  // extern "C"

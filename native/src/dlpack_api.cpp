@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "c_api.h"
+#include "npy.h"
 #include "util.h"
 
 namespace {
@@ -251,6 +252,15 @@ int32_t aotpack_model_run_dlpack(aotpack_model_t* model, DLManagedTensorVersione
 
 int64_t aotpack_dlpack_live_tensors(void) {
   return g_live_tensors.load(std::memory_order_relaxed);
+}
+
+int32_t aotpack_npy_load(const char* path, DLManagedTensorVersioned** out) {
+  return aotpack::detail::c_api_guarded([&] {
+    if (out == nullptr) fail("NULL output pointer");
+    *out = nullptr;
+    if (path == nullptr) fail("NULL path");
+    *out = export_tensor(aotpack::npy::read(path));
+  });
 }
 
 }  // extern "C"

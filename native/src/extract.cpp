@@ -6,6 +6,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "aotpack/runtime.h"  // AOTPACK_SIGNATURE_*
 #include "archive.h"
 #include "elf_check.h"
 #include "sha256.h"
@@ -86,13 +87,19 @@ Manifest check_manifest_entries(const std::string& manifest_text, const std::str
                                 const Limits& limits) {
   if (digest != sha256_hex(manifest_text) + "\n")
     fail("manifest.json does not match manifest.sha256 (the manifest was modified or is corrupt)");
+  SigningKey key;
   if (!trusted_keys.empty()) {
     if (signature.empty())
       fail("the archive is not signed, but trusted keys are set (AOTPACK_TRUSTED_KEYS/--trusted-key)");
-    verify_signature(manifest_text, signature, trusted_keys);
+    key = verify_signature(manifest_text, signature, trusted_keys);
   }
   Manifest manifest = parse_manifest(manifest_text, limits.max_json_depth);
   check_limits(manifest, limits);
+  manifest.signature_state = signature.empty() ? AOTPACK_SIGNATURE_NONE
+                             : trusted_keys.empty() ? AOTPACK_SIGNATURE_UNCHECKED
+                                                    : AOTPACK_SIGNATURE_VERIFIED;
+  manifest.signed_by = key.path;
+  manifest.signed_by_sha256 = key.sha256;
   return manifest;
 }
 

@@ -40,6 +40,10 @@ struct Manifest {
   std::map<std::string, std::string> weight_aliases;
   std::unordered_map<std::string, FileRecord> files;
   std::string text;  // manifest.json as stored
+  // Set by check_manifest_entries, not read from the JSON: the AOTPACK_SIGNATURE_* state of
+  // the archive's manifest.sig and, when verified, the trusted key that verified it.
+  int32_t signature_state = 0;
+  std::string signed_by, signed_by_sha256;
 };
 
 /// Parses manifest.json (UTF-8 without a byte-order mark, nesting depth <= `max_depth`).

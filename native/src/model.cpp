@@ -208,6 +208,7 @@ struct __attribute__((visibility("hidden"))) Model::Impl {
   void* instance = nullptr;
   std::mutex run_mutex;  // runs are serialised: the model may write its buffers in place
   AotpackRunStats stats{};  // guarded by run_mutex
+  SignatureInfo signature;  // from the manifest entries' check
 
   ~Impl() {
     if (instance) library.destroy(instance);
@@ -224,7 +225,7 @@ void Model::Impl::load(const LoadOptions& options) {
   detail::host_pool();  // a bad AOTPACK_HOST_CACHE_MB is a load error, not a run error
   std::vector<std::string> keys = detail::trusted_key_paths();
   keys.insert(keys.end(), options.trusted_keys.begin(), options.trusted_keys.end());
-  if (options.require_signature && keys.empty())
+  if ((options.require_signature || detail::signature_required_by_env()) && keys.empty())
     fail("a signature is required, but no trusted key is set (AOTPACK_TRUSTED_KEYS or "
          "--trusted-key)");
   if (options.verify_archive) fail("verify_archive is not supported yet");
@@ -237,6 +238,7 @@ void Model::Impl::load(const LoadOptions& options) {
                                    check_mutated_buffers(m);
                                  },
                                  &manifest);
+  signature = {manifest.signature_state, manifest.signed_by, manifest.signed_by_sha256};
   c10::InferenceMode inference;
   constants = make_constants(manifest, dir.path());
   // 2. Only now: dlopen, create.
@@ -325,6 +327,8 @@ const std::vector<TensorSpec>& Model::inputs() const { return impl_->manifest.in
 const std::vector<TensorSpec>& Model::outputs() const { return impl_->manifest.outputs; }
 const std::string& Model::manifest_json() const { return impl_->manifest.text; }
 const std::string& Model::archive_path() const { return impl_->archive_path; }
+
+const SignatureInfo& Model::signature() const { return impl_->signature; }
 
 AotpackRunStats Model::stats() const {
   std::lock_guard<std::mutex> lock(impl_->run_mutex);

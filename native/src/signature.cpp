@@ -2,11 +2,13 @@
 
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 
+#include "sha256.h"
 #include "util.h"
 
 namespace aotpack::detail {
@@ -36,13 +38,23 @@ bool verifies(EVP_PKEY* key, const std::string& message, const std::string& sign
                           message.size()) == 1;
 }
 
+// Hex sha256 of the key's DER SubjectPublicKeyInfo: names the key, whatever file holds it.
+std::string fingerprint(EVP_PKEY* key, const std::string& path) {
+  unsigned char* der = nullptr;
+  const int size = i2d_PUBKEY(key, &der);
+  if (size <= 0) fail("cannot encode trusted key '" + path + "'");
+  std::string bytes(reinterpret_cast<const char*>(der), static_cast<size_t>(size));
+  OPENSSL_free(der);
+  return sha256_hex(bytes);
+}
+
 }  // namespace
 
 std::vector<std::string> trusted_key_paths() {
   std::vector<std::string> paths;
   const char* raw = std::getenv("AOTPACK_TRUSTED_KEYS");
   if (raw == nullptr) return paths;
-  std::string all = raw;
+  const std::string all = raw;
   size_t start = 0;
   while (start <= all.size()) {
     size_t end = all.find(':', start);
@@ -50,16 +62,28 @@ std::vector<std::string> trusted_key_paths() {
     if (end > start) paths.push_back(all.substr(start, end - start));
     start = end + 1;
   }
+  if (paths.empty())
+    fail("AOTPACK_TRUSTED_KEYS is set but names no key: '" + all +
+         "'; set it to colon-separated PEM public key files, or unset it to load unsigned "
+         "archives");
   return paths;
 }
 
-void verify_signature(const std::string& message, const std::string& signature,
-                      const std::vector<std::string>& key_paths) {
+bool signature_required_by_env() {
+  const char* raw = std::getenv("AOTPACK_REQUIRE_SIGNATURE");
+  if (raw == nullptr || *raw == '\0' || std::string(raw) == "0") return false;
+  if (std::string(raw) == "1") return true;
+  fail(std::string("AOTPACK_REQUIRE_SIGNATURE must be 0 or 1, got '") + raw + "'");
+}
+
+SigningKey verify_signature(const std::string& message, const std::string& signature,
+                            const std::vector<std::string>& key_paths) {
   std::vector<KeyPtr> keys;
   for (const std::string& path : key_paths) keys.push_back(load_public_key(path));
   if (signature.size() != 64) fail("manifest.sig is not a 64-byte Ed25519 signature");
-  for (const KeyPtr& key : keys)
-    if (verifies(key.get(), message, signature)) return;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (verifies(keys[i].get(), message, signature))
+      return {key_paths[i], fingerprint(keys[i].get(), key_paths[i])};
   fail("manifest.sig does not verify with any trusted key (" + std::to_string(keys.size()) +
        " in AOTPACK_TRUSTED_KEYS/--trusted-key): the archive was modified or signed by "
        "someone else");

@@ -28,6 +28,7 @@
 #include "../src/host.h"
 #include "../src/host_pool.h"
 #include "../src/manifest.h"
+#include "../src/npy.h"
 #include "../src/safetensors.h"
 #include "../src/tempdir.h"
 #include "../src/tensor_handle.h"
@@ -100,8 +101,9 @@ void test_npy_round_trip() {
       std::string data(numel * c10::elementSize(type), '\x01');
       const std::string file = aotpack::npy::encode(type, shape, data.data(), data.size());
       EXPECT((file.size() - data.size()) % 64 == 0);  // data is 64-byte aligned
-      const aotpack::npy::Array back = aotpack::npy::parse(file, "t.npy");
-      EXPECT(back.dtype == type && back.shape == shape && back.data == data);
+      const at::Tensor back = aotpack::npy::parse(file, "t.npy");
+      EXPECT(back.scalar_type() == type && back.sizes().vec() == shape && back.is_contiguous() &&
+             std::memcmp(back.data_ptr(), data.data(), data.size()) == 0);
     }
   }
 }
@@ -116,11 +118,11 @@ std::string npy_with_header(const std::string& dict, size_t data_bytes) {
 
 void test_npy_errors() {
   EXPECT_THROWS(aotpack::npy::parse("hello", "a.npy"), "a.npy: not a .npy file");
-  // column-major data is accepted and flagged (aotpack-run transposes it back)
-  EXPECT(aotpack::npy::parse(
-                  npy_with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16),
-                  "f.npy")
-                  .fortran_order);
+  // column-major data is accepted and transposed into row-major
+  std::string fortran = npy_with_header("{'descr': '<i1', 'fortran_order': True, 'shape': (2, 3), }", 0);
+  fortran += std::string("\x00\x03\x01\x04\x02\x05", 6);  // column by column
+  const at::Tensor rows = aotpack::npy::parse(fortran, "f.npy");
+  EXPECT(rows.is_contiguous() && at::equal(rows, at::arange(6, at::kChar).reshape({2, 3})));
   EXPECT_THROWS(
       aotpack::npy::parse(
           npy_with_header("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8), "b.npy"),
@@ -140,7 +142,7 @@ void test_npy_errors() {
   const auto ok = aotpack::npy::parse(
       npy_with_header("{\"descr\": \"|u1\", \"fortran_order\": False, \"shape\": (3,)}", 3),
       "ok.npy");
-  EXPECT(ok.dtype == c10::ScalarType::Byte && ok.shape == std::vector<int64_t>{3});
+  EXPECT(ok.scalar_type() == c10::ScalarType::Byte && ok.sizes().vec() == std::vector<int64_t>{3});
   EXPECT_THROWS(aotpack::npy::encode(c10::ScalarType::BFloat16, {1}, "ab", 2),
                 "no .npy equivalent");
 }

@@ -19,14 +19,14 @@
 #endif
 
 #include "aotpack/runtime.h"
-#include "npy.h"
+#include "npy.h"  // the outputs' .npz
 
 namespace {
 
 constexpr char kUsage[] =
     "usage: aotpack-run ARCHIVE INPUT.npy... [--output OUT.npz] [--bench N] [--warmup W]\n"
-    "                   [--device-limit C] [--trusted-key PUB.pem]...\n"
-    "       aotpack-run ARCHIVE --check [--trusted-key PUB.pem]...\n"
+    "                   [--device-limit C] [--trusted-key PUB.pem]... [--require-signature] [-v]\n"
+    "       aotpack-run ARCHIVE --check [--trusted-key PUB.pem]... [--require-signature] [-v]\n"
     "\n"
     "Load a .aotpack archive, run it once on the given .npy inputs (manifest order) and\n"
     "print each output's name, dtype, shape and first values.\n"
@@ -44,7 +44,12 @@ constexpr char kUsage[] =
     "                     (default 0: the build-time limit for kernels, all for ATen);\n"
     "                     more than the cores available to this process is an error\n"
     "  --trusted-key PUB  require a valid Ed25519 signature by this public key (PEM);\n"
-    "                     repeatable, adds to AOTPACK_TRUSTED_KEYS (colon-separated)\n"
+    "                     repeatable, adds to AOTPACK_TRUSTED_KEYS (colon-separated;\n"
+    "                     set but naming no key is an error)\n"
+    "  --require-signature  refuse to load unless trusted keys are set, so only a validly\n"
+    "                     signed archive loads (also AOTPACK_REQUIRE_SIGNATURE=1)\n"
+    "  -v, --verbose      after the load, print whether the archive was signed and by which\n"
+    "                     key: 'signature: ...'\n"
     "\n"
     "The archive is extracted to $XDG_CACHE_HOME/aotpack/runtime/ (default ~/.cache) and\n"
     "reused by later runs; AOTPACK_RUNTIME_CACHE=0 extracts to a private $TMPDIR folder.\n"
@@ -66,6 +71,8 @@ struct Options {
   std::vector<std::string> trusted_keys;
   bool help = false;
   bool check = false;
+  bool require_signature = false;
+  bool verbose = false;
 };
 
 int64_t parse_count(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
@@ -101,6 +108,10 @@ Options parse_args(int argc, char** argv) {
       opt.help = true;
     } else if (arg == "--check") {
       opt.check = true;
+    } else if (arg == "--require-signature") {
+      opt.require_signature = true;
+    } else if (arg == "-v" || arg == "--verbose") {
+      opt.verbose = true;
     } else if (take_value("--output", argc, argv, &i, &value)) {
       if (value.empty()) throw UsageError("--output needs a file name");
       opt.output = value;
@@ -165,28 +176,16 @@ std::string signature(const std::vector<aotpack::TensorSpec>& specs) {
   return out;
 }
 
-at::Tensor tensor_from_array(const aotpack::npy::Array& array) {
-  // Column-major data is the row-major data of the reversed shape, transposed back.
-  std::vector<int64_t> shape = array.shape;
-  if (array.fortran_order) std::reverse(shape.begin(), shape.end());
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(array.dtype));
-  if (!array.data.empty()) std::memcpy(t.data_ptr(), array.data.data(), array.data.size());
-  if (!array.fortran_order || shape.size() < 2) return t;
-  std::vector<int64_t> reverse_dims(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) reverse_dims[i] = static_cast<int64_t>(shape.size() - 1 - i);
-  return t.permute(reverse_dims).contiguous();
-}
-
 at::Tensor load_input(const std::string& path, size_t index, const aotpack::TensorSpec& spec) {
-  const aotpack::npy::Array array = aotpack::npy::read(path);
-  at::Tensor t = tensor_from_array(array);
+  at::Tensor t = aotpack::load_npy(path);  // the runtime's reader, as `aotpack run`'s
+  const c10::ScalarType stored = t.scalar_type();
   // .npy has no bfloat16: accept float32 data for a bfloat16 input and convert it.
-  if (spec.dtype == c10::ScalarType::BFloat16 && array.dtype == c10::ScalarType::Float)
+  if (spec.dtype == c10::ScalarType::BFloat16 && stored == c10::ScalarType::Float)
     t = t.to(c10::ScalarType::BFloat16);
-  if (t.scalar_type() != spec.dtype || array.shape != spec.shape)
+  if (t.scalar_type() != spec.dtype || !t.sizes().equals(spec.shape))
     throw aotpack::Error("input " + std::to_string(index) + " ('" + spec.name + "'): expected " +
                          aotpack::describe(spec.dtype, spec.shape) + ", got " +
-                         aotpack::describe(array.dtype, array.shape) + " from " + path);
+                         aotpack::describe(stored, t.sizes().vec()) + " from " + path);
   return t;
 }
 
@@ -311,13 +310,27 @@ std::vector<at::Tensor> bench(aotpack::Model& model, const std::vector<at::Tenso
   return outputs;
 }
 
+// -v: "signature: valid, key PATH (sha256 HEX)", "... present, not checked ..." or "none".
+std::string signature_line(const aotpack::SignatureInfo& info) {
+  switch (info.state) {
+    case AOTPACK_SIGNATURE_VERIFIED:
+      return "signature: valid, key " + info.key_path + " (sha256 " + info.key_sha256 + ")";
+    case AOTPACK_SIGNATURE_UNCHECKED:
+      return "signature: present, not checked (no trusted keys given)";
+    default:
+      return "signature: none (unsigned archive)";
+  }
+}
+
 int run_tool(const Options& opt) {
   aotpack::LoadOptions load_options;
   load_options.device_limit = opt.device_limit;  // Model::load checks it
   load_options.trusted_keys = opt.trusted_keys;
+  load_options.require_signature = opt.require_signature;
   const auto start = std::chrono::steady_clock::now();
   aotpack::Model model = aotpack::Model::load(opt.archive, load_options);
   const double load_ms = elapsed_us(start) / 1000.0;
+  if (opt.verbose) std::printf("%s\n", signature_line(model.signature()).c_str());
   // The limit covers the whole model: fused kernels (via the model) and ATen's
   // extern calls (its intra-op thread pool) alike.
   if (opt.device_limit > 0) at::set_num_threads(opt.device_limit);

@@ -6,12 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <memory>
-#include <sstream>
+
+#include "../src/npy_format.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the .npy code assumes a little-endian host");
@@ -21,130 +20,7 @@ namespace {
 
 using c10::ScalarType;
 
-constexpr char kMagic[] = "\x93NUMPY";
-constexpr size_t kMagicLen = 6;
-
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
-
-struct Descr {
-  ScalarType dtype;
-  const char* code;  // without the byte-order character
-};
-
-constexpr Descr kDescrs[] = {
-    {ScalarType::Float, "f4"}, {ScalarType::Double, "f8"}, {ScalarType::Half, "f2"},
-    {ScalarType::Long, "i8"},  {ScalarType::Int, "i4"},    {ScalarType::Short, "i2"},
-    {ScalarType::Char, "i1"},  {ScalarType::Byte, "u1"},   {ScalarType::Bool, "b1"},
-};
-
-ScalarType dtype_from_descr(const std::string& descr, const std::string& label) {
-  if (descr.size() == 3) {
-    const char order = descr[0];
-    const std::string code = descr.substr(1);
-    for (const Descr& d : kDescrs) {
-      if (code != d.code) continue;
-      const bool one_byte = code[1] == '1';
-      if (order == '>' && !one_byte)
-        fail(label + ": big-endian data ('" + descr +
-             "') is not supported; use a little-endian array");
-      if (order == '<' || order == '=' || (one_byte && (order == '|' || order == '>')))
-        return d.dtype;
-    }
-  }
-  fail(label + ": unsupported dtype '" + descr +
-       "' (supported: <f4 <f8 <f2 <i8 <i4 <i2 |i1 |u1 |b1)");
-}
-
-// ---- the header is a Python dict literal:
-//      {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
-
-class HeaderParser {
- public:
-  HeaderParser(const std::string& text, const std::string& label) : s_(text), label_(label) {}
-
-  void parse(std::string* descr, bool* fortran_order, std::vector<int64_t>* shape) {
-    bool seen_descr = false, seen_order = false, seen_shape = false;
-    expect('{');
-    while (!peek_is('}')) {
-      const std::string key = string_literal();
-      expect(':');
-      if (key == "descr") {
-        *descr = string_literal();
-        seen_descr = true;
-      } else if (key == "fortran_order") {
-        *fortran_order = boolean();
-        seen_order = true;
-      } else if (key == "shape") {
-        *shape = int_tuple();
-        seen_shape = true;
-      } else {
-        bad("unexpected key '" + key + "'");
-      }
-      if (!peek_is('}')) expect(',');
-    }
-    expect('}');
-    if (!seen_descr || !seen_order || !seen_shape) bad("missing descr, fortran_order or shape");
-  }
-
- private:
-  [[noreturn]] void bad(const std::string& what) const {
-    fail(label_ + ": malformed .npy header (" + what + ")");
-  }
-  void skip_space() {
-    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
-  }
-  bool peek_is(char c) {
-    skip_space();
-    return pos_ < s_.size() && s_[pos_] == c;
-  }
-  void expect(char c) {
-    if (!peek_is(c)) bad(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-  std::string string_literal() {
-    skip_space();
-    if (pos_ >= s_.size() || (s_[pos_] != '\'' && s_[pos_] != '"')) bad("expected a string");
-    const char quote = s_[pos_++];
-    const size_t end = s_.find(quote, pos_);
-    if (end == std::string::npos) bad("unterminated string");
-    std::string value = s_.substr(pos_, end - pos_);
-    pos_ = end + 1;
-    return value;
-  }
-  bool boolean() {
-    skip_space();
-    for (bool value : {true, false}) {
-      const std::string word = value ? "True" : "False";
-      if (s_.compare(pos_, word.size(), word) == 0) {
-        pos_ += word.size();
-        return value;
-      }
-    }
-    bad("expected True or False");
-  }
-  std::vector<int64_t> int_tuple() {
-    std::vector<int64_t> values;
-    expect('(');
-    while (!peek_is(')')) {
-      size_t digits = 0;
-      int64_t value = 0;
-      while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
-        if (value > (INT64_MAX - 9) / 10) bad("dimension too large");
-        value = value * 10 + (s_[pos_++] - '0');
-        ++digits;
-      }
-      if (digits == 0) bad("expected a dimension");
-      values.push_back(value);
-      if (!peek_is(')')) expect(',');
-    }
-    expect(')');
-    return values;
-  }
-
-  const std::string& s_;
-  const std::string& label_;
-  size_t pos_ = 0;
-};
 
 uint64_t nbytes_of(ScalarType dtype, const std::vector<int64_t>& shape, const std::string& label) {
   uint64_t total = c10::elementSize(dtype);
@@ -212,60 +88,6 @@ void write_zip_to_fd(int fd, const std::vector<std::pair<std::string, std::strin
 }
 
 }  // namespace
-
-Array parse(const std::string& bytes, const std::string& label) {
-  if (bytes.size() < 10 || bytes.compare(0, kMagicLen, kMagic) != 0)
-    fail(label + ": not a .npy file (bad magic)");
-  const int major = static_cast<unsigned char>(bytes[6]);
-  if (major < 1 || major > 3)
-    fail(label + ": unsupported .npy format version " + std::to_string(major));
-  const size_t len_bytes = major == 1 ? 2 : 4;
-  if (bytes.size() < 8 + len_bytes) fail(label + ": truncated .npy header");
-  uint64_t header_len = 0;
-  for (size_t i = 0; i < len_bytes; ++i)
-    header_len |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
-  const size_t data_start = 8 + len_bytes + header_len;
-  if (data_start > bytes.size()) fail(label + ": truncated .npy header");
-  const std::string header = bytes.substr(8 + len_bytes, header_len);
-
-  std::string descr;
-  bool fortran_order = false;
-  Array array;
-  HeaderParser(header, label).parse(&descr, &fortran_order, &array.shape);
-  array.fortran_order = fortran_order;
-  array.dtype = dtype_from_descr(descr, label);
-  const uint64_t nbytes = nbytes_of(array.dtype, array.shape, label);
-  if (bytes.size() - data_start != nbytes)
-    fail(label + ": holds " + std::to_string(bytes.size() - data_start) + " data bytes, " +
-         describe(array.dtype, array.shape) + " needs " + std::to_string(nbytes));
-  array.data = bytes.substr(data_start);
-  return array;
-}
-
-Array read(const std::string& path) {
-  // Only a regular file, read to its size: /dev/zero, a FIFO or a terminal is an error,
-  // never an endless read.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '" + path + "': " + std::strerror(errno));
-  struct stat st{};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("cannot read '" + path + "': not a regular file");
-  }
-  std::string content(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::read(fd, content.data() + done, content.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      fail("cannot read '" + path + "'" + (n < 0 ? std::string(": ") + std::strerror(errno) : ": it shrank"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return parse(content, path);
-}
 
 std::string encode(c10::ScalarType dtype, const std::vector<int64_t>& shape, const void* data,
                    size_t nbytes) {

@@ -16,7 +16,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from aotpack import cache
+from aotpack import cache, leftovers
 from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
                                   gemm_template, tiling, winograd_template, wrapper_slot)
@@ -97,7 +97,8 @@ class CpuBackend(Backend):
     def toolchain(self, settings) -> CpuToolchain:
         """The compiler driver; its wrappers come from one slot binary in the build cache's
         binary store (``wrapper_slot``)."""
-        return CpuToolchain(settings.target_isa, slot_dir=settings.cache_dir / self.name / "binaries")
+        return CpuToolchain(settings.target_isa, slot_dir=settings.cache_dir / self.name / "binaries",
+                            temp_root=leftovers.compiler_temp_root(settings.cache_dir))
 
     def load_wrapper(self, wrapper: Path, kernel_dir: Path, name: str) -> CpuLauncher:
         return CpuLauncher(wrapper, kernel_dir, name)

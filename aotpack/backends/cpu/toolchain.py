@@ -8,6 +8,7 @@ is recorded in the manifest and checked by the runtime at load.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -132,9 +133,15 @@ def target_fingerprint(march: str) -> str:
     return query.stdout
 
 
-def compile_so(cmd_prefix: list[str], source: Path, output: Path, libs: list[str] = ()) -> None:
+def compile_so(cmd_prefix: list[str], source: Path, output: Path, libs: list[str] = (),
+               temp_root: Path | None = None) -> None:
     """Compile one C++ file into a shared library linked against ``libs`` (after the
     source, so the linker keeps them), atomically (temp name + rename).
+
+    ``temp_root``: the compiler runs with ``TMPDIR`` (in its environment only) set to a
+    folder of its own there (``leftovers.compiler_tmpdir``), removed when it exits and,
+    after a SIGKILL, by the next compile: gcc's ``cc*.o`` temp files never pile up in the
+    system ``$TMPDIR``. None: the inherited ``TMPDIR``.
 
     Raises:
         AotpackError: the compiler failed or timed out; the message names the source
@@ -143,7 +150,11 @@ def compile_so(cmd_prefix: list[str], source: Path, output: Path, libs: list[str
     tmp = output.with_name(f".{output.name}.{leftovers.tag()}.tmp")
     cmd = [*cmd_prefix, str(source), "-o", str(tmp), *libs]
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        with contextlib.ExitStack() as stack:
+            env = None
+            if temp_root is not None:
+                env = {**os.environ, "TMPDIR": str(stack.enter_context(leftovers.compiler_tmpdir(temp_root)))}
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)
         raise AotpackError(f"compiling {source} took over {COMPILE_TIMEOUT_S} s and was stopped; "
@@ -169,11 +180,13 @@ def kernel_flags(source_text: str) -> list[str]:
 class CpuToolchain(Toolchain):
     """g++ (or ``$CXX``) with ``-march=<march>`` for kernels."""
 
-    def __init__(self, march: str, slot_dir: Path | None = None):
+    def __init__(self, march: str, slot_dir: Path | None = None, temp_root: Path | None = None):
         """``slot_dir``: the binary store holding the wrapper slot (``wrapper_slot``); None
-        compiles every wrapper."""
+        compiles every wrapper. ``temp_root``: where each compiler run gets its own
+        ``TMPDIR`` (``compile_so``); None: the inherited one."""
         self.march = march
         self.slot_dir = slot_dir
+        self.temp_root = temp_root
         self._slot_lock = threading.Lock()
 
     def _prefix(self, kind: str, source_text: str = "") -> list[str]:
@@ -204,7 +217,7 @@ class CpuToolchain(Toolchain):
 
     def _compile(self, source: Path, output: Path, kind: str) -> None:
         text = source.read_text(errors="replace") if kind == "kernel" else ""
-        compile_so(self._prefix(kind, text), source, output, self._libs(kind))
+        compile_so(self._prefix(kind, text), source, output, self._libs(kind), self.temp_root)
 
     def compile_kernel(self, source: Path, output: Path) -> None:
         self._compile(source, output, "kernel")

@@ -64,7 +64,8 @@ typedef struct AotpackLoadOptions {
   int32_t verify_archive;          /* 1: read and check every byte of the archive, even
                                       when its extraction-cache entry exists (--check)      */
   int32_t require_signature;       /* 1: refuse unless trusted keys are set (and so the
-                                      archive carries a valid signature by one of them)     */
+                                      archive carries a valid signature by one of them);
+                                      AOTPACK_REQUIRE_SIGNATURE=1 sets it for every load    */
   const int32_t* cores;            /* CPU ids of the core partition the model's threads run */
   int64_t num_cores;               /*   on; NULL / 0 = not pinned                           */
 } AotpackLoadOptions;
@@ -175,6 +176,37 @@ AOTPACK_EXPORT int32_t aotpack_tensor_info(AotpackTensor tensor, int32_t* dtype,
 /* Free a tensor returned by this API. NULL is ok. */
 AOTPACK_EXPORT void aotpack_tensor_free(AotpackTensor tensor);
 
+/* Read a .npy file (numpy's format 1.0-3.0) into a new CPU tensor, with the checks
+ * aotpack-run and `aotpack run` use for their inputs (they call this reader).
+ *   path: a regular file holding one little-endian array of dtype <f4 <f8 <f2 <i8 <i4 <i2
+ *         |i1 |u1 or |b1 (bool bytes 0 or 1), C or Fortran order, at most 64 dimensions and
+ *         a header of at most 1 MiB. Its data must fill the rest of the file exactly.
+ *   out:  receives a row-major DLManagedTensorVersioned (as aotpack_model_run_dlpack's
+ *         outputs; 0-dim arrays stay 0-dim) to pass to aotpack_model_run_dlpack or free
+ *         with its deleter.
+ * Memory is allocated only after the header's size matched the file's: a small file
+ * claiming a huge shape is refused before anything is allocated. Errors are one line
+ * naming the path and the problem (empty file, not a regular file, a zip/.npz, bad magic,
+ * big-endian or unsupported dtype, structured array, malformed or truncated header, shape
+ * too large, data size that differs from the file's). */
+AOTPACK_EXPORT int32_t aotpack_npy_load(const char* path, DLManagedTensorVersioned** out);
+
+/* What aotpack_model_signature reports about an archive's manifest.sig. */
+#define AOTPACK_SIGNATURE_NONE 0      /* unsigned: the archive holds no manifest.sig        */
+#define AOTPACK_SIGNATURE_UNCHECKED 1 /* signed, but not checked: no trusted key was set     */
+#define AOTPACK_SIGNATURE_VERIFIED 2  /* a valid signature by one of the trusted keys       */
+
+/* Whether the archive was signed and by which key, as checked at load. Any out pointer may
+ * be NULL; strings stay valid while the model lives.
+ *   state:      an AOTPACK_SIGNATURE_* value
+ *   key_path:   VERIFIED: the trusted key's path as it was given (AOTPACK_TRUSTED_KEYS or
+ *               AotpackLoadOptions.trusted_keys; the first key that verifies); else ""
+ *   key_sha256: VERIFIED: the key's fingerprint, the hex sha256 of its DER
+ *               SubjectPublicKeyInfo (`openssl pkey -pubin -in KEY.pub.pem -outform DER |
+ *               sha256sum`); else "" */
+AOTPACK_EXPORT int32_t aotpack_model_signature(const aotpack_model_t* model, int32_t* state,
+                                               const char** key_path, const char** key_sha256);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
@@ -199,10 +231,21 @@ struct LoadOptions {
   std::vector<std::string> trusted_keys;
   /// Read and check every byte of the archive even when its extraction-cache entry exists.
   bool verify_archive = false;
-  /// Refuse the load unless trusted keys are set (so a valid signature is required).
+  /// Refuse the load unless trusted keys are set (so a valid signature is required);
+  /// AOTPACK_REQUIRE_SIGNATURE=1 sets it for every load.
   bool require_signature = false;
   /// CPU ids of the core partition the model's threads run on; empty = not pinned.
   std::vector<int32_t> cores;
+};
+
+/// How a loaded archive was signed (the C API's aotpack_model_signature).
+struct SignatureInfo {
+  /// AOTPACK_SIGNATURE_NONE, _UNCHECKED (signed, no trusted key set) or _VERIFIED.
+  int32_t state = AOTPACK_SIGNATURE_NONE;
+  /// VERIFIED: the trusted key's path as given; else empty.
+  std::string key_path;
+  /// VERIFIED: hex sha256 of the key's DER SubjectPublicKeyInfo; else empty.
+  std::string key_sha256;
 };
 
 /// A loaded .aotpack model. Move-only; destroying it unloads model.so and removes the
@@ -236,6 +279,8 @@ class AOTPACK_EXPORT Model {
   const std::string& archive_path() const;
   /// Counters since load (see AotpackRunStats).
   AotpackRunStats stats() const;
+  /// Whether the archive was signed and by which key (see aotpack_model_signature).
+  const SignatureInfo& signature() const;
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
@@ -249,6 +294,10 @@ class AOTPACK_EXPORT Model {
   explicit Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// Reads a .npy file into a new row-major CPU tensor (the reader and checks of
+/// aotpack_npy_load; a 0-dim array stays 0-dim). Throws aotpack::Error naming the path.
+AOTPACK_EXPORT at::Tensor load_npy(const std::string& path);
 
 }  // namespace aotpack
 
