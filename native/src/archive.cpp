@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aotpack/archive_layout.h"
 #include "util.h"
 
 namespace aotpack::detail {
@@ -26,7 +27,11 @@ std::string libarchive_error(struct archive* a) {
 bool is_regular_file(struct archive_entry* entry, const std::string& path) {
   if (archive_entry_hardlink(entry) != nullptr) fail("entry '" + path + "' is a hard link");
   switch (archive_entry_filetype(entry)) {
-    case AE_IFREG: return true;
+    case AE_IFREG:
+      // A sparse entry's data are not its bytes (holes are zeros, its header size not
+      // what is stored); libarchive counts a map of one region covering the file as none.
+      if (archive_entry_sparse_count(entry) > 0) fail("entry '" + path + "' is a sparse file");
+      return true;
     case AE_IFDIR: return false;
     case AE_IFLNK: fail("entry '" + path + "' is a symbolic link");
     case AE_IFCHR:
@@ -35,6 +40,13 @@ bool is_regular_file(struct archive_entry* entry, const std::string& path) {
     case AE_IFSOCK: fail("entry '" + path + "' is a socket");
     default: fail("entry '" + path + "' has an unsupported file type");
   }
+}
+
+// A zstd frame (28 b5 2f fd) or a skippable frame (5? 2a 4d 18) starts the file: both are
+// zstd's format (aotpack/reader.py's _is_zstd).
+bool is_zstd_magic(const unsigned char* m) {
+  return (m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd) ||
+         ((m[0] & 0xf0) == 0x50 && m[1] == 0x2a && m[2] == 0x4d && m[3] == 0x18);
 }
 
 ssize_t read_fd(int fd, void* buffer, size_t size) {
@@ -75,8 +87,11 @@ ArchiveReader::ArchiveReader(const std::string& archive_path) : source_(std::mak
   if (!archive_) fail("out of memory creating the archive reader");
   archive_read_support_filter_zstd(archive_);
   archive_read_support_format_tar(archive_);
+  unsigned char magic[4] = {};
+  if (::pread(source_->fd, magic, sizeof magic, 0) != sizeof magic || !is_zstd_magic(magic))
+    fail("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)");
   if (archive_read_open(archive_, source_.get(), nullptr, &Source::read_cb, nullptr) != ARCHIVE_OK)
-    fail("not a zstd-compressed tar: " + libarchive_error(archive_));
+    fail("corrupt archive: " + libarchive_error(archive_));
 }
 
 ArchiveReader::~ArchiveReader() {
@@ -87,13 +102,16 @@ bool ArchiveReader::next(EntryHeader* header) {
   struct archive_entry* entry = nullptr;
   int rc = archive_read_next_header(archive_, &entry);
   if (!checked_filters_) {
-    // Exactly one zstd layer over the tar: filter 0 is zstd, filter 1 the raw file.
+    // Exactly one zstd layer over the tar: filter 0 is zstd, filter 1 the raw file (also
+    // when the inner layer fails to decode: it is still a second layer).
     checked_filters_ = true;
+    if (archive_filter_count(archive_) > 2)
+      fail("compressed more than once (an .aotpack archive is zstd over tar)");
     if (rc == ARCHIVE_OK || rc == ARCHIVE_WARN || rc == ARCHIVE_EOF) {
-      const int filters = archive_filter_count(archive_);
       if (archive_filter_code(archive_, 0) != ARCHIVE_FILTER_ZSTD)
         fail("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)");
-      if (filters != 2) fail("compressed more than once (an .aotpack archive is zstd over tar)");
+      if (archive_filter_count(archive_) != 2)
+        fail("compressed more than once (an .aotpack archive is zstd over tar)");
     }
   }
   if (rc == ARCHIVE_EOF) return false;
@@ -137,11 +155,13 @@ std::string ArchiveReader::read_small(const EntryHeader& header, uint64_t max_by
 
 void check_entry_path(const std::string& path) {
   if (path.empty()) fail("entry with an empty path");
-  if (path.size() > 4096) fail("entry with a path longer than 4096 bytes");
+  if (path.size() > AOTPACK_MAX_PATH_BYTES)
+    fail("entry with a path longer than " + std::to_string(AOTPACK_MAX_PATH_BYTES) + " bytes");
   if (path.front() == '/') fail("entry '" + path + "' has an absolute path");
   for (unsigned char c : path)
     if (c <= 0x20 || c >= 0x7f || c == '\\')
       fail("entry '" + path + "' has a space, control, non-ASCII or backslash character in its path");
+  uint64_t components = 0;
   size_t start = 0;
   while (start <= path.size()) {
     size_t end = path.find('/', start);
@@ -149,8 +169,15 @@ void check_entry_path(const std::string& path) {
     const std::string part = path.substr(start, end - start);
     if (part == "..") fail("entry '" + path + "' has a '..' component");
     if (part.empty() || part == ".") fail("entry '" + path + "' is not a normalised relative path");
+    if (part.front() == '.') fail("entry '" + path + "' has a component starting with '.'");
+    if (part.size() > AOTPACK_MAX_NAME_BYTES)
+      fail("entry '" + path + "' has a component longer than " + std::to_string(AOTPACK_MAX_NAME_BYTES) +
+           " bytes");
+    ++components;
     start = end + 1;
   }
+  if (components > AOTPACK_MAX_PATH_COMPONENTS)
+    fail("entry '" + path + "' has more than " + std::to_string(AOTPACK_MAX_PATH_COMPONENTS) + " components");
 }
 
 }  // namespace aotpack::detail

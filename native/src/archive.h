@@ -27,8 +27,8 @@ class ArchiveReader {
 
   /// The next entry's header; false at the end of the archive. Throws aotpack::Error on a
   /// corrupt archive, on one that is not compressed exactly once with zstd, on an unsafe
-  /// path (check_entry_path), and on links, devices, FIFOs, sockets and other non-regular
-  /// entries. Unread data of the previous entry is skipped.
+  /// path (check_entry_path), and on links, devices, FIFOs, sockets, sparse files and other
+  /// non-regular entries. Unread data of the previous entry is skipped.
   bool next(EntryHeader* header);
 
   /// Up to `capacity` bytes of the current entry's data; 0 at its end. Throws on corruption.
@@ -45,9 +45,10 @@ class ArchiveReader {
   bool checked_filters_ = false;
 };
 
-/// Throws unless `path` is a plain relative path: not empty, at most 4096 bytes, not
-/// absolute, no "..", "." or empty components, only printable ASCII other than space and
-/// backslash.
+/// Throws unless `path` is a plain relative path: not empty, at most AOTPACK_MAX_PATH_BYTES
+/// bytes and AOTPACK_MAX_PATH_COMPONENTS components of at most AOTPACK_MAX_NAME_BYTES, not
+/// absolute, no "..", "." or empty components nor one starting with '.', only printable
+/// ASCII other than space and backslash (aotpack/manifest_rules.py's check_entry_path).
 void check_entry_path(const std::string& path);
 
 }  // namespace aotpack::detail

@@ -8,6 +8,7 @@
 
 #include "archive.h"
 #include "elf_check.h"
+#include "safetensors.h"
 #include "sha256.h"
 #include "signature.h"
 #include "tempdir.h"
@@ -148,12 +149,23 @@ void VerifiedArchive::extract_to(const std::string& root) {
   }
 }
 
-void check_shared_objects(const Manifest& manifest, const std::string& root) {
-  std::vector<std::string> objects;
-  for (const auto& [path, record] : manifest.files)
-    if (ends_with(path, ".so")) objects.push_back(path);
+void check_file_contents(const Manifest& manifest, const std::string& root) {
+  std::vector<std::string> objects, tensor_files;
+  for (const auto& [path, record] : manifest.files) {
+    if (ends_with(path, ".so") || path == manifest.model_library) objects.push_back(path);
+    if (ends_with(path, ".safetensors")) tensor_files.push_back(path);
+  }
   std::sort(objects.begin(), objects.end());
+  std::sort(tensor_files.begin(), tensor_files.end());
   for (const std::string& path : objects) check_elf(root + "/" + path, path);
+  for (const std::string& path : tensor_files) {
+    const auto mapped = MappedFile::open(root + "/" + path);
+    try {
+      parse_safetensors(mapped->data, mapped->size);
+    } catch (const Error& e) {
+      fail(path + ": " + e.what());
+    }
+  }
 }
 
 }  // namespace aotpack::detail
