@@ -51,7 +51,7 @@ def parse_limit(name: str, raw: str) -> int:
     digits = raw.isascii() and raw.isdigit() and len(significant) <= 19  # int() of 5000 digits raises
     if not digits or not 1 <= int(significant or "0") <= layout.LIMIT_VALUE_MAX:
         raise AotpackError(f"{name} must be an integer from 1 to {layout.LIMIT_VALUE_MAX}, got '{raw}'")
-    return int(raw)
+    return int(significant)
 
 
 @dataclass(frozen=True)
