@@ -218,6 +218,25 @@ def check_manifest_entries(text: bytes, digest: bytes, signature: bytes | None,
     return manifest
 
 
+#: GNU tar's volume label and incremental-dump folder, Solaris tar's ACL of the next entry
+_VOLUME_LABEL, _DUMP_DIR, _SOLARIS_ACL = b"V", b"D", b"A"
+_MULTI_VOLUME = b"M"  # a continued file: of an unsupported type in both readers
+_KNOWN_TYPES = tarfile.SUPPORTED_TYPES + (_DUMP_DIR, _MULTI_VOLUME)
+
+
+def _as_libarchive_reads(member: tarfile.TarInfo) -> None:
+    """Retype ``member`` as libarchive (the runtime's reader) reads it, where tarfile
+    differs: a type neither knows is a regular file (tarfile reads its data as one too), a
+    GNU dump folder or a regular file whose name ends in "/" is a folder, and a hard link
+    naming nothing is an empty regular file when it has data, of no supported type when not."""
+    if member.type not in _KNOWN_TYPES:
+        member.type = tarfile.REGTYPE
+    elif member.type == _DUMP_DIR or (member.type == tarfile.REGTYPE and member.name.endswith("/")):
+        member.type, member.name = tarfile.DIRTYPE, member.name.rstrip("/")
+    elif member.islnk() and not member.linkname:  # with data: an empty file; without: no type
+        member.type, member.size = (tarfile.REGTYPE, 0) if member.size else (_MULTI_VOLUME, 0)
+
+
 def _is_sparse(member: tarfile.TarInfo) -> bool:
     """Whether libarchive (the runtime's reader) sees a sparse file: it keeps the regions of
     the map that lie within the file and follow the previous one (merging adjacent ones),
@@ -250,7 +269,16 @@ class _Entries:
                 raise AotpackError("corrupt archive: damaged tar header")
 
     def next(self) -> tarfile.TarInfo | None:
+        extension = False
         for member in self.iter:
+            if member.type in (_VOLUME_LABEL, _SOLARIS_ACL):
+                # libarchive: no entry; a label's data or an ACL at the end is damage
+                if member.size and member.type == _VOLUME_LABEL:
+                    raise AotpackError("corrupt archive: damaged tar header")
+                extension = member.type == _SOLARIS_ACL
+                continue
+            extension = False
+            _as_libarchive_reads(member)
             self.seen += 1
             if self.seen > self.limits.max_entries:
                 raise AotpackError(f"the archive has more than {self.limits.max_entries} entries "
@@ -267,6 +295,8 @@ class _Entries:
             manifest_rules.check_entry_path(name.rstrip("/") if member.isdir() else name)
             if member.isfile():
                 return member
+        if extension:
+            raise AotpackError("corrupt archive: damaged tar header")
         self.check_end()
         return None
 

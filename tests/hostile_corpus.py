@@ -20,6 +20,7 @@ import os
 import random
 import resource
 import shutil
+import string
 import subprocess
 import sys
 import tarfile
@@ -59,7 +60,7 @@ def tar_bytes(members, fmt=tarfile.PAX_FORMAT) -> bytes:
     with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
         for info, data in members:
             info = _copy(info)
-            if info.isfile():
+            if info.isfile() or data:  # data of an odd type too: readers read it as a file
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
             else:
@@ -373,6 +374,19 @@ def rule_cases(archive: bytes, members):
     yield Case("path-long-component", archive_with({"a/" + "b" * 256: b"x"}), True)
     yield Case("path-dot-name", archive_with({"model/.hidden": b"x"}), True)
     yield Case("path-cache-marker", archive_with({".aotpack-complete": b"x"}), True)
+
+    # odd tar type flags and data after the end-of-archive blocks
+    for flag in string.ascii_letters + string.digits:  # a listed entry of every type flag
+        if flag not in "xgLKS":  # pax and GNU name headers, sparse: above
+            odd = _info("zzz/odd", b"xy", type=flag.encode(), linkname="")
+            yield Case(f"typeflag-{flag}", zst(tar_bytes(with_files(members, {"zzz/odd": b"xy"}) + [odd])))
+    yield Case("typeflag-empty-hardlink", zst(tar_bytes(with_files(members, {"zzz/odd": b""})
+                                                        + [_info("zzz/odd", type=tarfile.LNKTYPE)])))
+    yield Case("typeflag-regular-slash", zst(tar_bytes(members + [_info("zzz/dir/", type=tarfile.REGTYPE)])))
+    end_of_tar = tar_bytes(members)
+    yield Case("tail-small", zst(end_of_tar + bytes(range(256)) * 4))
+    yield Case("tail-big", zst(end_of_tar + bytes(range(256)) * (8 << 10)), must_refuse=True)
+    yield Case("tail-header", zst(end_of_tar + tar_bytes([_info("zzz/after", b"x")])))
 
     # a library listed as weights, weights that are not safetensors
     yield Case("library-is-weights", archive_with(edit=lambda m: {**m, "model": {**m["model"], "library": weights}}), True)

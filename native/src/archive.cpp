@@ -3,6 +3,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <fcntl.h>
+#include <zstd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@ namespace aotpack::detail {
 namespace {
 
 constexpr size_t kBlock = 1 << 16;
+constexpr uint64_t kTailLimit = 1 << 20;  // decoded bytes allowed after the tar (reader.py's _RING)
 
 std::string libarchive_error(struct archive* a) {
   const char* message = archive_error_string(a);
@@ -58,21 +60,99 @@ ssize_t read_fd(int fd, void* buffer, size_t size) {
 
 }  // namespace
 
-// The file descriptor libarchive reads through, in fixed blocks.
+// The zstd layer, decoded here rather than by libarchive's filter so that the stream is
+// read to its end after the tar's (libarchive stops at the end-of-archive block): the
+// same decoding as aotpack/reader.py's _Zstd (libzstd there too), frame after frame,
+// skippable frames skipped, checksums verified, a stream ending inside a frame refused.
+// libarchive reads the decoded tar through read_cb.
 struct ArchiveReader::Source {
   int fd = -1;
-  std::vector<char> block = std::vector<char>(kBlock);
+  ZSTD_DStream* zstd = ZSTD_createDStream();
+  std::vector<char> in = std::vector<char>(kBlock);
+  ZSTD_inBuffer input{in.data(), 0, 0};
+  std::vector<char> out = std::vector<char>(ZSTD_DStreamOutSize());
+  std::string pending;  // decoded before libarchive asked for it (the layer check)
+  size_t pending_at = 0;
+  size_t frame_left = 0;  // ZSTD_decompressStream's last hint: 0 at a frame's end
+  bool started = false, file_end = false;
+  uint64_t decoded = 0;  // bytes decoded so far
+  std::string error;
+
   ~Source() {
     if (fd >= 0) ::close(fd);
+    ZSTD_freeDStream(zstd);
   }
-  static la_ssize_t read_cb(struct archive* a, void* self, const void** out) {
+
+  // Decodes up to `capacity` bytes into `buffer`: the count, 0 at the stream's end, -1 on
+  // an error (in `error`). Never throws: libarchive's C frames are between it and a catch.
+  ssize_t decode(char* buffer, size_t capacity) {
+    for (;;) {
+      if (input.pos == input.size) {
+        if (file_end) break;
+        const ssize_t n = read_fd(fd, in.data(), in.size());
+        if (n < 0) return failed(std::strerror(errno));
+        if (n == 0) {
+          file_end = true;
+          break;
+        }
+        input = {in.data(), static_cast<size_t>(n), 0};
+        started = true;
+      }
+      ZSTD_outBuffer output{buffer, capacity, 0};
+      const size_t hint = ZSTD_decompressStream(zstd, &output, &input);
+      if (ZSTD_isError(hint)) return failed(std::string("zstd decompressor error: ") + ZSTD_getErrorName(hint));
+      frame_left = hint;
+      decoded += output.pos;
+      if (output.pos > 0) return static_cast<ssize_t>(output.pos);
+    }
+    if (started && frame_left != 0) return failed("Truncated zstd input");
+    return 0;
+  }
+
+  ssize_t failed(const std::string& why) {
+    error = why;
+    return -1;
+  }
+
+  // Decodes into `pending` until it holds `size` bytes or the stream ends. Throws.
+  void fill(size_t size) {
+    while (pending.size() < size) {
+      const ssize_t n = decode(out.data(), out.size());
+      if (n < 0) fail("corrupt archive: " + error);
+      if (n == 0) return;
+      pending.append(out.data(), static_cast<size_t>(n));
+    }
+  }
+
+  // Whether the decoded stream is zstd again: a zstd frame, possibly after skippable
+  // frames within its first MiB (aotpack/reader.py's _inner_zstd). Throws.
+  bool inner_zstd() {
+    uint64_t offset = 0;
+    while (offset < kTailLimit) {
+      fill(static_cast<size_t>(offset) + 8);
+      const auto* head = reinterpret_cast<const unsigned char*>(pending.data()) + offset;
+      const uint64_t have = pending.size() - offset;
+      if (have >= 4 && head[0] == 0x28 && head[1] == 0xb5 && head[2] == 0x2f && head[3] == 0xfd) return true;
+      if (have < 8 || !is_zstd_magic(head)) return false;
+      offset += 8 + (uint64_t{head[4]} | uint64_t{head[5]} << 8 | uint64_t{head[6]} << 16 | uint64_t{head[7]} << 24);
+    }
+    return false;
+  }
+
+  static la_ssize_t read_cb(struct archive* a, void* self, const void** data) {
     auto* source = static_cast<Source*>(self);
-    ssize_t n = read_fd(source->fd, source->block.data(), source->block.size());
+    if (source->pending_at < source->pending.size()) {
+      *data = source->pending.data() + source->pending_at;
+      const size_t n = source->pending.size() - source->pending_at;
+      source->pending_at = source->pending.size();
+      return static_cast<la_ssize_t>(n);
+    }
+    const ssize_t n = source->decode(source->out.data(), source->out.size());
     if (n < 0) {
-      archive_set_error(a, errno, "%s", std::strerror(errno));
+      archive_set_error(a, EIO, "%s", source->error.c_str());
       return -1;
     }
-    *out = source->block.data();
+    *data = source->out.data();
     return n;
   }
 };
@@ -83,13 +163,14 @@ ArchiveReader::ArchiveReader(const std::string& archive_path) : source_(std::mak
   struct stat st{};
   if (fstat(source_->fd, &st) != 0) fail(std::strerror(errno));
   if (!S_ISREG(st.st_mode)) fail("not a regular file");
-  archive_ = archive_read_new();
-  if (!archive_) fail("out of memory creating the archive reader");
-  archive_read_support_filter_zstd(archive_);
-  archive_read_support_format_tar(archive_);
+  if (!source_->zstd) fail("out of memory creating the zstd decoder");
   unsigned char magic[4] = {};
   if (::pread(source_->fd, magic, sizeof magic, 0) != sizeof magic || !is_zstd_magic(magic))
     fail("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)");
+  if (source_->inner_zstd()) fail("compressed more than once (an .aotpack archive is zstd over tar)");
+  archive_ = archive_read_new();
+  if (!archive_) fail("out of memory creating the archive reader");
+  archive_read_support_format_tar(archive_);  // no filter: the zstd layer is decoded above
   if (archive_read_open(archive_, source_.get(), nullptr, &Source::read_cb, nullptr) != ARCHIVE_OK)
     fail("corrupt archive: " + libarchive_error(archive_));
 }
@@ -101,19 +182,6 @@ ArchiveReader::~ArchiveReader() {
 bool ArchiveReader::next(EntryHeader* header) {
   struct archive_entry* entry = nullptr;
   int rc = archive_read_next_header(archive_, &entry);
-  if (!checked_filters_) {
-    // Exactly one zstd layer over the tar: filter 0 is zstd, filter 1 the raw file (also
-    // when the inner layer fails to decode: it is still a second layer).
-    checked_filters_ = true;
-    if (archive_filter_count(archive_) > 2)
-      fail("compressed more than once (an .aotpack archive is zstd over tar)");
-    if (rc == ARCHIVE_OK || rc == ARCHIVE_WARN || rc == ARCHIVE_EOF) {
-      if (archive_filter_code(archive_, 0) != ARCHIVE_FILTER_ZSTD)
-        fail("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)");
-      if (archive_filter_count(archive_) != 2)
-        fail("compressed more than once (an .aotpack archive is zstd over tar)");
-    }
-  }
   if (rc == ARCHIVE_EOF) return false;
   if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) fail("corrupt archive: " + libarchive_error(archive_));
   const char* raw = archive_entry_pathname(entry);
@@ -130,6 +198,19 @@ bool ArchiveReader::next(EntryHeader* header) {
     header->size = static_cast<uint64_t>(archive_entry_size(entry));
   }
   return true;
+}
+
+void ArchiveReader::finish() {
+  // What the tar reader has not consumed yet, plus the rest of the stream.
+  const int64_t consumed = archive_filter_bytes(archive_, 0);
+  uint64_t tail = source_->decoded - static_cast<uint64_t>(consumed > 0 ? consumed : 0);
+  for (;;) {
+    const ssize_t n = source_->decode(source_->out.data(), source_->out.size());
+    if (n < 0) fail("corrupt archive: " + source_->error);
+    if (n == 0) return;
+    tail += static_cast<uint64_t>(n);
+    if (tail > kTailLimit) fail("corrupt archive: more than 1 MiB of data after the end of the tar");
+  }
 }
 
 size_t ArchiveReader::read(void* buffer, size_t capacity) {

@@ -1,6 +1,7 @@
 // Streaming reader of a .aotpack archive (one zstd-compressed tar): entry headers one at a
 // time, entry data in caller-sized chunks, never a whole entry in memory; it reads the file
-// only as far as the entries asked for (the manifest entries come first).
+// only as far as the entries asked for (the manifest entries come first), and to its end
+// when finish() is called. libzstd decodes the zstd layer, libarchive reads the tar.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,11 @@ class ArchiveReader {
   /// non-regular entries. Unread data of the previous entry is skipped.
   bool next(EntryHeader* header);
 
+  /// After next() returned false: decodes the rest of the zstd stream (checksums, a
+  /// truncated frame), which may hold at most 1 MiB after the tar's end (the end-of-archive
+  /// blocks, padding). Throws aotpack::Error "corrupt archive: ...".
+  void finish();
+
   /// Up to `capacity` bytes of the current entry's data; 0 at its end. Throws on corruption.
   size_t read(void* buffer, size_t capacity);
 
@@ -42,7 +48,6 @@ class ArchiveReader {
   struct Source;
   std::unique_ptr<Source> source_;
   struct archive* archive_ = nullptr;
-  bool checked_filters_ = false;
 };
 
 /// Throws unless `path` is a plain relative path: not empty, at most AOTPACK_MAX_PATH_BYTES

@@ -133,6 +133,7 @@ void VerifiedArchive::extract_to(const std::string& root) {
       fail("sha256 mismatch for '" + header.path + "' (the archive is corrupt or was modified)");
     written.insert(header.path);
   }
+  reader_.finish();
   report_missing(manifest_, written);
   for (const auto& [path, data] : {std::pair<const char*, const std::string*>{kManifestPath, &text_},
                                    {kManifestDigestPath, &digest_},
