@@ -166,12 +166,15 @@ class _Tape:
         self.pos += len(data)
         return data
 
-    def drain(self) -> None:
-        """Read the rest of the stream (the tar's zero padding), as libarchive's read-ahead
-        does, so a truncated or corrupt end of the zstd frame (its checksum) is an error."""
-        while self._fetch(CHUNK):
-            if self.fetched - self.pos > _RING:
+    def drain(self, end: int) -> None:
+        """Read the rest of the stream (the tar's padding), as the runtime's finish() does,
+        so a truncated or corrupt end of the zstd frame (its checksum) is an error; at most
+        ``_RING`` bytes may follow ``end``, the end of the end-of-archive blocks."""
+        while True:
+            if self.fetched - end > _RING:
                 raise AotpackError("corrupt archive: more than 1 MiB of data after the end of the tar")
+            if not self._fetch(CHUNK):
+                return
 
     def block_at(self, offset: int) -> bytes:
         """The 512 bytes at ``offset`` of the stream (fewer at its end)."""
@@ -391,7 +394,7 @@ def _walk(archive: Path, limits: Limits, trusted_keys: list[str], keep: Callable
                         raise AotpackError(f"sha256 mismatch for '{name}' (the archive is corrupt or was modified)")
                     seen.add(name)
                     member = entries.next()
-                tape.drain()
+                tape.drain(tar.offset + 2 * tarfile.BLOCKSIZE)  # libarchive consumes both zero blocks
                 missing = sorted(set(files) - seen)
                 if missing:
                     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
