@@ -190,7 +190,7 @@ def _check_limits(manifest: dict, limits: Limits) -> None:
         raise AotpackError(f"manifest.json lists {len(files)} files, more than the limit of "
                            f"{limits.max_entries} entries (AOTPACK_MAX_ENTRIES)")
     total = 0
-    for path, rec in files.items():
+    for path, rec in sorted(files.items()):  # the runtime's order: the same file is named
         if rec["size"] > limits.max_entry_bytes:
             raise AotpackError(f"file '{path}' is {rec['size']} bytes, more than the limit of "
                                f"{limits.max_entry_bytes} per entry (AOTPACK_MAX_ENTRY_BYTES)")

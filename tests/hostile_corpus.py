@@ -1,12 +1,18 @@
-"""A corpus of hostile archives made from a real one, and a runner that feeds each to the
-native runtime (``aotpack-run --check``) and to ``aotpack verify``, each under an
-address-space limit and a 10 s timeout.
+"""A corpus of hostile archives made from a real one, and two runners.
+
+``run_corpus`` feeds each case to the native runtime (``aotpack-run --check``) and to
+``aotpack verify`` as processes, each under an address-space limit and a 10 s timeout:
 
     python tests/hostile_corpus.py ARCHIVE [--sample N]     (``make fuzz`` runs it all)
 
 Findings that fail the run: a signal (crash), a hang, a temp folder left behind, the two
 readers disagreeing, an accepted manifest edit whose digest was not recomputed, or a line
 of stderr that is not one clean error message.
+
+``disagreement`` runs both readers in this process (``aotpack.load``, ``reader.check``),
+fast enough for the test suite to feed them the whole corpus: they must accept and refuse
+the same archives and name the same problem (``problem``). ``rule_cases`` are the cases
+of the reading rules the readers once applied differently (docs/archive.md).
 """
 from __future__ import annotations
 
@@ -389,6 +395,12 @@ def rule_cases(archive: bytes, members):
     yield Case("tail-big", zst(end_of_tar + bytes(range(256)) * (8 << 10)), must_refuse=True)
     yield Case("tail-header", zst(end_of_tar + tar_bytes([_info("zzz/after", b"x")])))
 
+    # several keys breaking one rule: both name the first in sorted order
+    big = {p: {**r, "size": 1 << 40} for p, r in manifest["files"].items()}
+    yield Case("order-two-big-files", archive_with(edit=lambda m: {**m, "files": big}), True)
+    bad = {p: {**r, "sha256": "X" * 64} for p, r in manifest["files"].items()}
+    yield Case("order-two-bad-digests", archive_with(edit=lambda m: {**m, "files": bad}), True)
+
     # a library listed as weights, weights that are not safetensors
     yield Case("library-is-weights", archive_with(edit=lambda m: {**m, "model": {**m["model"], "library": weights}}), True)
     yield Case("library-not-so", archive_with({"model/model.bin": files[library]},
@@ -463,7 +475,8 @@ def run_case(case: Case, work: Path) -> list[str]:
     path.write_bytes(case.data)
     tmp, cache = work / "tmp", work / "cache"
     tmp.mkdir(exist_ok=True)
-    env = dict(os.environ, TMPDIR=str(tmp), XDG_CACHE_HOME=str(cache), AOTPACK_TRUSTED_KEYS="", **LIMITS)
+    env = dict(os.environ, TMPDIR=str(tmp), XDG_CACHE_HOME=str(cache), **LIMITS)
+    env.pop("AOTPACK_TRUSTED_KEYS", None)  # no keys: set but empty is an error
     runtime = _run([str(RUNTIME), str(path), "--check"], env, RUNTIME_AS)
     python = _run([sys.executable, "-m", "aotpack", "verify", str(path)],
                   dict(env, PYTHONPATH=str(REPO)), PYTHON_AS)
@@ -526,9 +539,14 @@ def problem(message: str) -> str:
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]):
+def _environment(values: dict[str, str | None]):
+    """``os.environ`` with ``values`` set (None: unset) for the block, restored after."""
     saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
@@ -566,7 +584,7 @@ def disagreement(case: Case, work: Path) -> str | None:
     path, tmp = work / "case.aotpack", work / "tmp"
     path.write_bytes(case.data)
     tmp.mkdir(exist_ok=True)
-    with _environment(dict(LIMITS, TMPDIR=str(tmp), AOTPACK_RUNTIME_CACHE="0", AOTPACK_TRUSTED_KEYS="")):
+    with _environment(dict(LIMITS, TMPDIR=str(tmp), AOTPACK_RUNTIME_CACHE="0", AOTPACK_TRUSTED_KEYS=None)):
         runtime, python = readers_verdicts(path)
     if os.listdir(tmp):
         return f"left behind: {sorted(os.listdir(tmp))}"

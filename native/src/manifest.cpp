@@ -278,16 +278,19 @@ void check_limits(const Manifest& manifest, const Limits& limits) {
     fail("manifest.json lists " + std::to_string(manifest.files.size()) +
          " files, more than the limit of " + std::to_string(limits.max_entries) +
          " entries (AOTPACK_MAX_ENTRIES)");
+  std::vector<std::pair<std::string, uint64_t>> sizes;  // in path order: the same file named as by reader.py
+  for (const auto& [path, record] : manifest.files) sizes.emplace_back(path, record.size);
+  std::sort(sizes.begin(), sizes.end());
   uint64_t total = 0;
-  for (const auto& [path, record] : manifest.files) {
-    if (record.size > limits.max_entry_bytes)
-      fail("file '" + path + "' is " + std::to_string(record.size) +
+  for (const auto& [path, size] : sizes) {
+    if (size > limits.max_entry_bytes)
+      fail("file '" + path + "' is " + std::to_string(size) +
            " bytes, more than the limit of " + std::to_string(limits.max_entry_bytes) +
            " per entry (AOTPACK_MAX_ENTRY_BYTES)");
-    if (record.size > limits.max_total_bytes - total)
+    if (size > limits.max_total_bytes - total)
       fail("the files of manifest.json add up to more than the limit of " +
            std::to_string(limits.max_total_bytes) + " bytes (AOTPACK_MAX_TOTAL_BYTES)");
-    total += record.size;
+    total += size;
   }
 }
 
