@@ -382,6 +382,9 @@ def rule_cases(archive: bytes, members):
     yield Case("path-dot-name", archive_with({"model/.hidden": b"x"}), True)
     yield Case("path-cache-marker", archive_with({".aotpack-complete": b"x"}), True)
 
+    # a file that compresses 1000:1 at the end: the decoder's output outgrows its input
+    yield Case("zeros-listed-last", archive_with({"zzz/zeros": bytes(4 << 20)}))
+
     # odd tar type flags and data after the end-of-archive blocks
     for flag in string.ascii_letters + string.digits:  # a listed entry of every type flag
         if flag not in "xgLKS":  # pax and GNU name headers, sparse: above

@@ -96,6 +96,7 @@ EXPECTED = {
     "order-two-big-files": "file 'model/model.cpp' is 1099511627776 bytes, more than the limit of 134217728 "
                            "per entry (AOTPACK_MAX_ENTRY_BYTES)",  # the first of the files in path order
     "order-two-bad-digests": 'manifest.json: files["model/model.cpp"].sha256: not a 64-digit lower-case hex digest',
+    "zeros-listed-last": None,
     "tail-small": None,
     "tail-header": None,  # after the end-of-archive block: padding, not an entry
     "tail-big": "corrupt archive: more than 1 MiB of data after the end of the tar",

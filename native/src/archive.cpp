@@ -3,9 +3,9 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <fcntl.h>
-#include <zstd.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -70,7 +70,7 @@ struct ArchiveReader::Source {
   ZSTD_DStream* zstd = ZSTD_createDStream();
   std::vector<char> in = std::vector<char>(kBlock);
   ZSTD_inBuffer input{in.data(), 0, 0};
-  std::vector<char> out = std::vector<char>(ZSTD_DStreamOutSize());
+  std::vector<char> out = std::vector<char>(ZSTD_DStreamOutSize());  // a whole block: no copy inside zstd
   std::string pending;  // decoded before libarchive asked for it (the layer check)
   size_t pending_at = 0;
   size_t frame_left = 0;  // ZSTD_decompressStream's last hint: 0 at a frame's end
@@ -87,23 +87,22 @@ struct ArchiveReader::Source {
   // an error (in `error`). Never throws: libarchive's C frames are between it and a catch.
   ssize_t decode(char* buffer, size_t capacity) {
     for (;;) {
-      if (input.pos == input.size) {
-        if (file_end) break;
+      if (input.pos == input.size && !file_end) {
         const ssize_t n = read_fd(fd, in.data(), in.size());
         if (n < 0) return failed(std::strerror(errno));
-        if (n == 0) {
-          file_end = true;
-          break;
-        }
+        file_end = n == 0;
         input = {in.data(), static_cast<size_t>(n), 0};
-        started = true;
+        started = started || n > 0;
       }
+      // Also with no input left: the decoder may hold output a full buffer stopped.
       ZSTD_outBuffer output{buffer, capacity, 0};
+      const size_t consumed = input.pos;
       const size_t hint = ZSTD_decompressStream(zstd, &output, &input);
       if (ZSTD_isError(hint)) return failed(std::string("zstd decompressor error: ") + ZSTD_getErrorName(hint));
-      frame_left = hint;
+      if (output.pos > 0 || input.pos > consumed) frame_left = hint;  // else: between frames, no input
       decoded += output.pos;
       if (output.pos > 0) return static_cast<ssize_t>(output.pos);
+      if (file_end && input.pos == input.size) break;
     }
     if (started && frame_left != 0) return failed("Truncated zstd input");
     return 0;
