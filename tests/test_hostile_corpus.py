@@ -158,7 +158,8 @@ def test_rule_cases_agree_on_a_compiled_model_without_constants(build_model, tmp
     weights_is_elf = next(case for case in cases if case.name == "weights-is-elf")
     path = tmp_path / "weights-is-elf.aotpack"
     path.write_bytes(weights_is_elf.data)
-    runtime, python = hc.readers_verdicts(path)
+    with hc._environment({"TMPDIR": str(tmp_path), "AOTPACK_RUNTIME_CACHE": "0", "AOTPACK_TRUSTED_KEYS": None}):
+        runtime, python = hc.readers_verdicts(path)
     assert runtime == python == f"{WEIGHTS}: safetensors header length exceeds the file size"
 
 
