@@ -14,32 +14,61 @@ from aotpack.backends import DEFAULT as RUNTIME_BACKEND  # the native runtime ru
 from aotpack.errors import AotpackError
 
 FORMAT_VERSION = layout.FORMAT_VERSION
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = layout.MAX_JSON_DEPTH
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 RESERVED = (layout.MANIFEST_PATH, layout.MANIFEST_DIGEST_PATH, layout.MANIFEST_SIGNATURE_PATH)
 WEIGHTS = layout.WEIGHTS_PATH
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-_MAX_PATH = 4096
 
 
 def check_entry_path(path: str) -> None:
     """Raise unless ``path`` is a plain relative path (same rule as the runtime's
-    check_entry_path): non-empty, <= 4096 bytes, not absolute, no ``..``/``.``/empty
-    components, printable ASCII other than space and backslash."""
+    check_entry_path): non-empty, at most ``layout.MAX_PATH_BYTES`` bytes and
+    ``layout.MAX_PATH_COMPONENTS`` components of at most ``layout.MAX_NAME_BYTES`` bytes,
+    not absolute, no ``..``/``.``/empty components nor one starting with ``.``, printable
+    ASCII other than space and backslash.
+
+    Raises:
+        AotpackError: the first rule broken, e.g. "entry 'a/.x' has a component starting with '.'".
+    """
     if not path:
         raise AotpackError("entry with an empty path")
-    if len(path.encode("utf-8", "surrogateescape")) > _MAX_PATH:
-        raise AotpackError("entry with a path longer than 4096 bytes")
+    if len(path.encode("utf-8", "surrogateescape")) > layout.MAX_PATH_BYTES:
+        raise AotpackError(f"entry with a path longer than {layout.MAX_PATH_BYTES} bytes")
     if path.startswith("/"):
         raise AotpackError(f"entry '{path}' has an absolute path")
     if any(not (0x20 < ord(c) < 0x7F) or c == "\\" for c in path):
         raise AotpackError(f"entry '{path}' has a space, control, non-ASCII or backslash character in its path")
-    for part in path.split("/"):
+    parts = path.split("/")
+    for part in parts:
         if part == "..":
             raise AotpackError(f"entry '{path}' has a '..' component")
         if part in ("", "."):
             raise AotpackError(f"entry '{path}' is not a normalised relative path")
+        if part.startswith("."):
+            raise AotpackError(f"entry '{path}' has a component starting with '.'")
+        if len(part) > layout.MAX_NAME_BYTES:
+            raise AotpackError(f"entry '{path}' has a component longer than {layout.MAX_NAME_BYTES} bytes")
+    if len(parts) > layout.MAX_PATH_COMPONENTS:
+        raise AotpackError(f"entry '{path}' has more than {layout.MAX_PATH_COMPONENTS} components")
+
+
+def check_no_file_is_a_folder(paths) -> None:
+    """Raise if a path of ``paths`` (the listed files and the manifest entries) is also a
+    folder of another one ("a" and "a/b"): the runtime could not write both.
+
+    Raises:
+        AotpackError: ``manifest.json: files["a/b"]: 'a' is a file, so it cannot be a folder``
+            for the first such path in sorted order.
+    """
+    files = set(paths) | set(RESERVED)
+    for path in sorted(paths):
+        end = path.find("/")
+        while end != -1:
+            if path[:end] in files:
+                _bad(f'files["{path}"]', f"'{path[:end]}' is a file, so it cannot be a folder")
+            end = path.find("/", end + 1)
 
 
 def _bad(where: str, what: str):
@@ -152,6 +181,13 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e400: the runtime's parser overflows
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
 def _strict_strings(value, depth=0) -> None:
     """The runtime's JSON parser refuses lone surrogates (``"\\ud800"``); so do we."""
     if isinstance(value, str):
@@ -165,24 +201,42 @@ def _strict_strings(value, depth=0) -> None:
             _strict_strings(v, depth + 1)
 
 
-def parse_json(text: bytes) -> dict:
-    """manifest.json bytes -> dict, refusing what the runtime's parser refuses."""
+def parse_strict_json(text: bytes, label: str):
+    """JSON bytes -> value, refusing what the runtime's parser refuses (native/src/manifest.cpp
+    parse_strict_json): a byte-order mark, nesting deeper than ``MAX_JSON_DEPTH``, NaN and
+    Infinity, numbers out of double's range, invalid UTF-8 and lone surrogates.
+
+    Raises:
+        AotpackError: "<label> starts with a byte-order mark ...", "<label> nests deeper
+            than 64 levels" or "<label> is not valid JSON: <why>".
+    """
     if text.startswith(b"\xef\xbb\xbf"):
-        raise AotpackError("manifest.json starts with a byte-order mark (it must be plain UTF-8 JSON)")
+        raise AotpackError(f"{label} starts with a byte-order mark (it must be plain UTF-8 JSON)")
     if nesting_depth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise AotpackError(f"manifest.json nests deeper than {MAX_JSON_DEPTH} levels")
+        raise AotpackError(f"{label} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        doc = json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
+        doc = json.loads(text.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite)
         _strict_strings(doc)
     except (ValueError, UnicodeError, RecursionError) as exc:
-        raise AotpackError(f"manifest.json is not valid JSON: {exc}") from None
+        raise AotpackError(f"{label} is not valid JSON: {exc}") from None
+    return doc
+
+
+def parse_json(text: bytes) -> dict:
+    """manifest.json bytes -> dict, refusing what the runtime's parser refuses.
+
+    Raises:
+        AotpackError: see ``parse_strict_json``; also a document that is not an object.
+    """
+    doc = parse_strict_json(text, layout.MANIFEST_PATH)
     if not isinstance(doc, dict):
         raise AotpackError("manifest.json: expected a JSON object at the top level")
     return doc
 
 
 def validate(doc: dict) -> dict:
-    """Check every key the runtime reads (same order, same messages); returns ``doc``.
+    """Check every key the runtime reads (same order, same messages as its parse_manifest);
+    returns ``doc``. The reader then checks the limits, then ``check_structure``.
 
     Raises:
         AotpackError: the first problem, naming the key.
@@ -210,7 +264,7 @@ def validate(doc: dict) -> dict:
     _specs(doc, "outputs")
     mutated = _strings(doc, "mutated_buffers", "") if "mutated_buffers" in doc else []
     files = _obj(doc, "files", "")
-    for path, rec in files.items():
+    for path, rec in sorted(files.items()):  # the runtime's JSON objects iterate sorted
         where = f'files["{path}"]'
         try:
             check_entry_path(path)
@@ -224,10 +278,24 @@ def validate(doc: dict) -> dict:
             _bad(f"{where}.sha256", "not a 64-digit lower-case hex digest")
         if _int(rec, "size", where) < 0:
             _bad(f"{where}.size", "negative")
+    check_no_file_is_a_folder(files)
     if library not in files:
         _bad("model.library", f"'{library}' is not one of the archive's files")
-    aliases = weight_aliases(doc)
-    # compat.cpp's structural checks (torch version and CPU features are the host's business)
+    weight_aliases(doc)
+    return doc
+
+
+def check_structure(doc: dict) -> None:
+    """compat.cpp's structural checks and the mutated buffers' rules, on a ``validate``d
+    manifest whose limits were checked (the runtime's order; torch version and CPU features
+    are the host's business, checked by the runtime only, between backend and abi_version).
+
+    Raises:
+        AotpackError: the first problem.
+    """
+    backend, abi, files = doc["backend"], doc["model"]["abi_version"], doc["files"]
+    constants, aliases = doc["constants"], weight_aliases(doc)
+    mutated = doc.get("mutated_buffers", [])
     if backend != RUNTIME_BACKEND:
         raise AotpackError(f"backend '{backend}' is not supported (this runtime runs '{RUNTIME_BACKEND}' archives)")
     if abi != layout.MODEL_ABI_VERSION_MAJOR:
@@ -244,7 +312,6 @@ def validate(doc: dict) -> dict:
         if name in aliases or name in targets:
             raise AotpackError(f"mutated buffer '{name}' shares its weights with another name "
                                "(weight_aliases); a buffer the model writes must be stored on its own")
-    return doc
 
 
 def weight_aliases(doc: dict) -> dict[str, str]:

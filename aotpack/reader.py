@@ -20,7 +20,7 @@ from typing import Callable
 
 import zstandard
 
-from aotpack import file_checks, manifest_rules
+from aotpack import file_checks, layout, manifest_rules
 from aotpack.errors import AotpackError
 
 MANIFEST, DIGEST, SIGNATURE = manifest_rules.RESERVED
@@ -29,32 +29,50 @@ _RING = 1 << 20
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
+def _is_zstd(head: bytes) -> bool:
+    """A zstd frame or a skippable frame (magic 0x184D2A50-5F) starts ``head``: both are
+    zstd's format, and libarchive, ``zstd -d`` and this reader skip skippable frames."""
+    return head == _ZSTD_MAGIC or (len(head) == 4 and head[1:] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50)
+
+
+#: Environment variable of each Limits field (native/src/limits.cpp reads the same).
+LIMIT_VARIABLES = (("max_entries", "AOTPACK_MAX_ENTRIES"), ("max_entry_bytes", "AOTPACK_MAX_ENTRY_BYTES"),
+                   ("max_total_bytes", "AOTPACK_MAX_TOTAL_BYTES"), ("max_manifest_bytes", "AOTPACK_MAX_MANIFEST_BYTES"))
+
+
+def parse_limit(name: str, raw: str) -> int:
+    """The value of limit variable ``name``: decimal digits only (no sign, space or
+    underscore), from 1 to ``layout.LIMIT_VALUE_MAX``, the runtime's rule.
+
+    Raises:
+        AotpackError: "<name> must be an integer from 1 to 9223372036854775807, got '<raw>'".
+    """
+    significant = raw.lstrip("0")
+    digits = raw.isascii() and raw.isdigit() and len(significant) <= 19  # int() of 5000 digits raises
+    if not digits or not 1 <= int(significant or "0") <= layout.LIMIT_VALUE_MAX:
+        raise AotpackError(f"{name} must be an integer from 1 to {layout.LIMIT_VALUE_MAX}, got '{raw}'")
+    return int(significant)
+
+
 @dataclass(frozen=True)
 class Limits:
-    """What reading may cost; the same variables and defaults as native/src/limits.h."""
+    """What reading may cost; the defaults of aotpack/layout.py, as native/src/limits.h."""
 
-    max_entries: int = 100_000
-    max_entry_bytes: int = 64 << 30
-    max_total_bytes: int = 64 << 30
-    max_manifest_bytes: int = 64 << 20
+    max_entries: int = layout.DEFAULT_MAX_ENTRIES
+    max_entry_bytes: int = layout.DEFAULT_MAX_ENTRY_BYTES
+    max_total_bytes: int = layout.DEFAULT_MAX_TOTAL_BYTES
+    max_manifest_bytes: int = layout.DEFAULT_MAX_MANIFEST_BYTES
 
     @classmethod
     def from_env(cls) -> "Limits":
         """Defaults overridden by AOTPACK_MAX_ENTRIES / _ENTRY_BYTES / _TOTAL_BYTES /
-        _MANIFEST_BYTES (positive integers).
+        _MANIFEST_BYTES (``parse_limit``; empty = unset).
 
         Raises:
-            AotpackError: a variable that is not a positive integer.
+            AotpackError: a variable ``parse_limit`` refuses.
         """
-        values = {}
-        for attr, name in (("max_entries", "AOTPACK_MAX_ENTRIES"), ("max_entry_bytes", "AOTPACK_MAX_ENTRY_BYTES"),
-                           ("max_total_bytes", "AOTPACK_MAX_TOTAL_BYTES"),
-                           ("max_manifest_bytes", "AOTPACK_MAX_MANIFEST_BYTES")):
-            raw = os.environ.get(name, "")
-            if raw:
-                if not raw.isdigit() or int(raw) == 0:
-                    raise AotpackError(f"{name} must be a positive integer, got '{raw}'")
-                values[attr] = int(raw)
+        values = {attr: parse_limit(name, os.environ[name])
+                  for attr, name in LIMIT_VARIABLES if os.environ.get(name, "")}
         return cls(**values)
 
 
@@ -106,6 +124,21 @@ class _Zstd:
         return data
 
 
+def _inner_zstd(tape: "_Tape") -> bool:
+    """Whether the decompressed stream is zstd again: a zstd frame, possibly after skippable
+    frames (libarchive decodes a second layer, then counts it; skippable frames followed by
+    anything else fail to decode there, and are a corrupt tar here)."""
+    offset = 0
+    while offset < _RING:
+        head = tape.block_at(offset)[:8]
+        if head[:4] == _ZSTD_MAGIC:
+            return True
+        if len(head) < 8 or not _is_zstd(head[:4]):
+            return False
+        offset += 8 + int.from_bytes(head[4:], "little")
+    return False
+
+
 class _Tape:
     """The decompressed stream as tarfile reads it, keeping a window of what was fetched so
     a block can be looked at again (to see where tarfile stopped: libarchive refuses a
@@ -136,12 +169,15 @@ class _Tape:
         self.pos += len(data)
         return data
 
-    def drain(self) -> None:
-        """Read the rest of the stream (the tar's zero padding), as libarchive's read-ahead
-        does, so a truncated or corrupt end of the zstd frame (its checksum) is an error."""
-        while self._fetch(CHUNK):
-            if self.fetched - self.pos > _RING:
+    def drain(self, end: int) -> None:
+        """Read the rest of the stream (the tar's padding), as the runtime's finish() does,
+        so a truncated or corrupt end of the zstd frame (its checksum) is an error; at most
+        ``_RING`` bytes may follow ``end``, the end of the end-of-archive blocks."""
+        while True:
+            if self.fetched - end > _RING:
                 raise AotpackError("corrupt archive: more than 1 MiB of data after the end of the tar")
+            if not self._fetch(CHUNK):
+                return
 
     def block_at(self, offset: int) -> bytes:
         """The 512 bytes at ``offset`` of the stream (fewer at its end)."""
@@ -157,7 +193,7 @@ def _check_limits(manifest: dict, limits: Limits) -> None:
         raise AotpackError(f"manifest.json lists {len(files)} files, more than the limit of "
                            f"{limits.max_entries} entries (AOTPACK_MAX_ENTRIES)")
     total = 0
-    for path, rec in files.items():
+    for path, rec in sorted(files.items()):  # the runtime's order: the same file is named
         if rec["size"] > limits.max_entry_bytes:
             raise AotpackError(f"file '{path}' is {rec['size']} bytes, more than the limit of "
                                f"{limits.max_entry_bytes} per entry (AOTPACK_MAX_ENTRY_BYTES)")
@@ -184,17 +220,71 @@ def check_manifest_entries(text: bytes, digest: bytes, signature: bytes | None,
         verify_bytes(text, signature, trusted_keys)
     manifest = manifest_rules.validate(manifest_rules.parse_json(text))
     _check_limits(manifest, limits)
+    manifest_rules.check_structure(manifest)
     return manifest
+
+
+#: GNU tar's volume label and incremental-dump folder, Solaris tar's ACL of the next entry
+_VOLUME_LABEL, _DUMP_DIR, _SOLARIS_ACL = b"V", b"D", b"A"
+_MULTI_VOLUME = b"M"  # a continued file: of an unsupported type in both readers
+_KNOWN_TYPES = tarfile.SUPPORTED_TYPES + (_DUMP_DIR, _MULTI_VOLUME)
+
+
+def _as_libarchive_reads(member: tarfile.TarInfo) -> None:
+    """Retype ``member`` as libarchive (the runtime's reader) reads it, where tarfile
+    differs: a type neither knows is a regular file (tarfile reads its data as one too), a
+    GNU dump folder or a regular file whose name ends in "/" is a folder, and a hard link
+    naming nothing is an empty regular file when it has data, of no supported type when not."""
+    if member.type not in _KNOWN_TYPES:
+        member.type = tarfile.REGTYPE
+    elif member.type == _DUMP_DIR or (member.type == tarfile.REGTYPE and member.name.endswith("/")):
+        member.type, member.name = tarfile.DIRTYPE, member.name.rstrip("/")
+    elif member.islnk() and not member.linkname:  # with data: an empty file; without: no type
+        member.type, member.size = (tarfile.REGTYPE, 0) if member.size else (_MULTI_VOLUME, 0)
+
+
+def _is_sparse(member: tarfile.TarInfo) -> bool:
+    """Whether libarchive (the runtime's reader) sees a sparse file: it keeps the regions of
+    the map that lie within the file and follow the previous one (merging adjacent ones),
+    and a single region covering the whole file is no sparse file."""
+    regions: list[list[int]] = []
+    for offset, length in member.sparse or ():
+        if offset < 0 or length < 0 or offset + length > member.size:
+            continue
+        if regions and regions[-1][0] + regions[-1][1] > offset:
+            continue
+        if regions and regions[-1][0] + regions[-1][1] == offset:
+            regions[-1][1] += length
+        else:
+            regions.append([offset, length])
+    return not (len(regions) == 0 or (len(regions) == 1 and regions[0][0] == 0 and regions[0][1] >= member.size))
 
 
 class _Entries:
     """Regular-file members of the tar, in order, with the runtime's entry rules."""
 
-    def __init__(self, tar: tarfile.TarFile, limits: Limits):
-        self.tar, self.limits, self.seen, self.iter = tar, limits, 0, iter(tar)
+    def __init__(self, tar: tarfile.TarFile, limits: Limits, tape: "_Tape | None" = None):
+        self.tar, self.limits, self.seen, self.iter, self.tape = tar, limits, 0, iter(tar), tape
+
+    def check_end(self) -> None:
+        """At the end tarfile saw: refuse unless it is the end-of-archive block (tarfile
+        takes a damaged header for the end; libarchive refuses it)."""
+        if self.tape is not None:
+            block = self.tape.block_at(self.tar.offset)
+            if block and block != bytes(512):
+                raise AotpackError("corrupt archive: damaged tar header")
 
     def next(self) -> tarfile.TarInfo | None:
+        extension = False
         for member in self.iter:
+            if member.type in (_VOLUME_LABEL, _SOLARIS_ACL):
+                # libarchive: no entry; a label's data or an ACL at the end is damage
+                if member.size and member.type == _VOLUME_LABEL:
+                    raise AotpackError("corrupt archive: damaged tar header")
+                extension = member.type == _SOLARIS_ACL
+                continue
+            extension = False
+            _as_libarchive_reads(member)
             self.seen += 1
             if self.seen > self.limits.max_entries:
                 raise AotpackError(f"the archive has more than {self.limits.max_entries} entries "
@@ -206,9 +296,14 @@ class _Entries:
                 raise AotpackError(f"entry '{name}' is a {kind}")
             if not member.isfile() and not member.isdir():
                 raise AotpackError(f"entry '{name}' has an unsupported file type")
+            if member.isfile() and _is_sparse(member):
+                raise AotpackError(f"entry '{name}' is a sparse file")
             manifest_rules.check_entry_path(name.rstrip("/") if member.isdir() else name)
             if member.isfile():
                 return member
+        if extension:
+            raise AotpackError("corrupt archive: damaged tar header")
+        self.check_end()
         return None
 
     def read_small(self, member: tarfile.TarInfo, max_bytes: int, what: str) -> bytes:
@@ -242,17 +337,36 @@ def _stream(tar: tarfile.TarFile, member: tarfile.TarInfo, spool) -> str:
     return digest.hexdigest()
 
 
+def _content_checked(name: str, manifest: dict) -> bool:
+    """Whether rule 6 reads the file's contents: shared objects (and model.library,
+    whatever its name: it is dlopened) and safetensors files (weights, self-test)."""
+    return name.endswith((".so", ".safetensors")) or name == manifest["model"]["library"]
+
+
+def _check_contents(manifest: dict, spools: dict) -> None:
+    """Rule 6 in the runtime's order (native/src/extract.cpp check_file_contents, then
+    model.cpp make_constants): ELF checks, safetensors files, the constants."""
+    library = manifest["model"]["library"]
+    for name in sorted(spools):
+        if name.endswith(".so") or name == library:
+            file_checks.check_elf(spools[name], name)
+    views = {name: file_checks.read_safetensors(spools[name], name)
+             for name in sorted(spools) if name.endswith(".safetensors")}
+    if manifest["constants"]:
+        file_checks.check_weights(views[manifest_rules.WEIGHTS], manifest["constants"],
+                                  manifest_rules.WEIGHTS, manifest_rules.weight_aliases(manifest))
+
+
 def _walk(archive: Path, limits: Limits, trusted_keys: list[str], keep: Callable[[str], bool]) -> Report:
     with open(archive, "rb") as handle:
-        if handle.read(4) != _ZSTD_MAGIC:
+        if not _is_zstd(handle.read(4)):
             raise AotpackError("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)")
         handle.seek(0)
         tape = _Tape(_Zstd(handle))
-        if tape.block_at(0)[:4] == _ZSTD_MAGIC:
+        if _inner_zstd(tape):
             raise AotpackError("compressed more than once (an .aotpack archive is zstd over tar)")
         with tarfile.open(fileobj=tape, mode="r|") as tar:
-            tape_offset = lambda: tar.offset  # noqa: E731
-            entries = _Entries(tar, limits)
+            entries = _Entries(tar, limits, tape)
             text = entries.read_small(_expect(entries, MANIFEST, "first"), limits.max_manifest_bytes, MANIFEST)
             digest = entries.read_small(_expect(entries, DIGEST, "second"), 65, DIGEST)
             signature = None
@@ -277,26 +391,18 @@ def _walk(archive: Path, limits: Limits, trusted_keys: list[str], keep: Callable
                     if member.size != record["size"]:
                         raise AotpackError(f"entry '{name}' is {member.size} bytes, manifest.json says {record['size']}")
                     spool = None
-                    if name.endswith(".so") or name == manifest_rules.WEIGHTS or keep(name):
+                    if _content_checked(name, manifest) or keep(name):
                         spool = spools[name] = tempfile.TemporaryFile()
                     if _stream(tar, member, spool) != record["sha256"]:
                         raise AotpackError(f"sha256 mismatch for '{name}' (the archive is corrupt or was modified)")
                     seen.add(name)
                     member = entries.next()
-                block = tape.block_at(tape_offset())
-                if block and block != bytes(512):
-                    raise AotpackError("corrupt archive: damaged tar header")
-                tape.drain()
+                tape.drain(tar.offset + 2 * tarfile.BLOCKSIZE)  # libarchive consumes both zero blocks
                 missing = sorted(set(files) - seen)
                 if missing:
                     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                     raise AotpackError(f"file '{missing[0]}' listed in manifest.json is missing from the archive{more}")
-                for name in sorted(spools):
-                    if name.endswith(".so"):
-                        file_checks.check_elf(spools[name], name)
-                if manifest["constants"]:
-                    file_checks.check_weights(spools[manifest_rules.WEIGHTS], manifest["constants"],
-                                              manifest_rules.WEIGHTS, manifest_rules.weight_aliases(manifest))
+                _check_contents(manifest, spools)
                 for name, spool in spools.items():
                     if keep(name):
                         spool.seek(0)
@@ -351,7 +457,7 @@ def read_manifest(archive: str | Path, limits: Limits | None = None) -> dict:
     limits = Limits.from_env() if limits is None else limits
     with _errors_named(archive):
         with open(archive, "rb") as handle:
-            if handle.read(4) != _ZSTD_MAGIC:
+            if not _is_zstd(handle.read(4)):
                 raise AotpackError("not zstd-compressed (an .aotpack archive is a zstd-compressed tar)")
             handle.seek(0)
             reader = zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True)

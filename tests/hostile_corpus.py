@@ -1,16 +1,23 @@
-"""A corpus of hostile archives made from a real one, and a runner that feeds each to the
-native runtime (``aotpack-run --check``) and to ``aotpack verify``, each under an
-address-space limit and a 10 s timeout.
+"""A corpus of hostile archives made from a real one, and two runners.
+
+``run_corpus`` feeds each case to the native runtime (``aotpack-run --check``) and to
+``aotpack verify`` as processes, each under an address-space limit and a 10 s timeout:
 
     python tests/hostile_corpus.py ARCHIVE [--sample N]     (``make fuzz`` runs it all)
 
 Findings that fail the run: a signal (crash), a hang, a temp folder left behind, the two
 readers disagreeing, an accepted manifest edit whose digest was not recomputed, or a line
 of stderr that is not one clean error message.
+
+``disagreement`` runs both readers in this process (``aotpack.load``, ``reader.check``),
+fast enough for the test suite to feed them the whole corpus: they must accept and refuse
+the same archives and name the same problem (``problem``). ``rule_cases`` are the cases
+of the reading rules the readers once applied differently (docs/archive.md).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import io
@@ -19,6 +26,7 @@ import os
 import random
 import resource
 import shutil
+import string
 import subprocess
 import sys
 import tarfile
@@ -58,7 +66,7 @@ def tar_bytes(members, fmt=tarfile.PAX_FORMAT) -> bytes:
     with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
         for info, data in members:
             info = _copy(info)
-            if info.isfile():
+            if info.isfile() or data:  # data of an odd type too: readers read it as a file
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
             else:
@@ -75,6 +83,8 @@ def _copy(info: tarfile.TarInfo) -> tarfile.TarInfo:
     for attr in ("size", "mtime", "mode", "type", "linkname", "uid", "gid", "uname", "gname",
                  "devmajor", "devminor"):
         setattr(new, attr, getattr(info, attr))
+    # a sparse map describes the data: kept; other records (size, path) are rewritten
+    new.pax_headers = {k: v for k, v in info.pax_headers.items() if k.startswith("GNU.sparse.")}
     return new
 
 
@@ -186,7 +196,8 @@ def corpus(archive: bytes, seed: int = 7):
                           ("huge-header", (1 << 62).to_bytes(8, "little") + w[8:]),
                           ("bad-json", w[:8] + b"{" * (len(w) - 8)),
                           ("dtype", w.replace(b'"F32"', b'"F99"', 1))):
-            yield (Case(f"weights-{name}", zst(tar_bytes(with_files(members, {weights: bad}))), True))
+            if bad != w:  # no float32 tensor: no dtype to break
+                yield (Case(f"weights-{name}", zst(tar_bytes(with_files(members, {weights: bad}))), True))
         data = bytearray(w)
         data[-1] ^= 0xFF  # data only: silently different numbers, which only a signature catches
         yield (Case("weights-data", zst(tar_bytes(with_files(members, {weights: bytes(data)})))))
@@ -280,6 +291,162 @@ def corpus(archive: bytes, seed: int = 7):
     yield (Case("many-unlisted", zst(tar_bytes(members + many)), True))
     yield (Case("many-listed", zst(tar_bytes(with_files(members, {i.name: b"" for i, _ in many}) + many)), True))
     yield (Case("many-dirs", zst(tar_bytes(members + [_info(f"d{k}", type=tarfile.DIRTYPE) for k in range(2100)])), True))
+    yield from rule_cases(archive, members)
+
+
+# ---- the reading rules the two readers once disagreed on (issue 49), one case each ----
+
+def st_split(blob: bytes) -> tuple[dict, bytes]:
+    """(header, data) of a safetensors file."""
+    n = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8:8 + n]), blob[8 + n:]
+
+
+def st_join(header: dict | bytes, data: bytes) -> bytes:
+    """A safetensors file of ``header`` (a dict, or raw header bytes) and ``data``."""
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
+def _st_tensor(values: bytes = bytes(16)) -> bytes:
+    """A valid safetensors file holding one uint8 tensor 'x' of ``values``."""
+    return st_join({"x": {"dtype": "U8", "shape": [len(values)], "data_offsets": [0, len(values)]}}, values)
+
+
+def sparse_member(path: str, real_size: int, regions) -> tuple[tarfile.TarInfo, bytes]:
+    """A pax (GNU sparse 1.0) entry of ``real_size`` bytes whose ``regions`` [(offset, length)]
+    hold 0x01 bytes and the rest are holes."""
+    info = tarfile.TarInfo("GNUSparseFile.0/" + path.rsplit("/", 1)[-1])
+    sparse_map = (f"{len(regions)}\n" + "".join(f"{o}\n{n}\n" for o, n in regions)).encode()
+    data = sparse_map + b"\0" * (-len(sparse_map) % 512) + b"".join(b"\x01" * n for _, n in regions)
+    info.size, info.mode = len(data), 0o644
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": path,
+                        "GNU.sparse.realsize": str(real_size)}
+    return info, data
+
+
+def _sparse_content(real_size: int, regions) -> bytes:
+    content = bytearray(real_size)
+    for offset, n in regions:
+        content[offset:offset + n] = b"\x01" * n
+    return bytes(content)
+
+
+def rule_cases(archive: bytes, members):
+    """Cases for the rules of docs/archive.md the readers once applied differently: zstd
+    skippable frames, a file that is also a folder, sparse entries, path bounds, a library
+    listed as weights, safetensors tiling and strict JSON headers."""
+    files = {i.name: d for i, d in members if i.isfile()}
+    manifest = json.loads(files["manifest.json"])
+    library = manifest["model"]["library"]
+    weights = "weights/weights.safetensors"
+    so = sorted(p for p in files if p.endswith(".so"))
+
+    def archive_with(extra_files=None, edit=None):
+        """The archive with ``extra_files`` replaced or added (listed, at the end) and
+        the manifest edited by ``edit``, digest recomputed."""
+        listed = with_files(members, extra_files or {}, manifest_edit=edit)
+        return zst(tar_bytes(listed + [_info(p, d) for p, d in (extra_files or {}).items() if p not in files]))
+
+    # zstd: skippable frames (magic 0x184D2A5?) are part of the format
+    skippable = (0x184D2A50).to_bytes(4, "little") + (6).to_bytes(4, "little") + b"aotpak"
+    yield Case("zstd-skippable-first", skippable + archive)
+    yield Case("zstd-skippable-between", archive + skippable + zst(b"\0" * 1024))
+    yield Case("zstd-skippable-only", skippable, must_refuse=True)
+    yield Case("zstd-skippable-inside", zst(skippable + tar_bytes(members)), must_refuse=True)
+
+    # a file that is also a folder, the manifest's entries included
+    yield Case("folder-under-file", archive_with({library + "/x": b"x"}), True)
+    yield Case("folder-under-manifest", archive_with({"manifest.json/x": b"x"}), True)
+    yield Case("folder-dir-entry-over-file", zst(tar_bytes(members + [_info(library, type=tarfile.DIRTYPE)])))
+
+    # sparse entries: the runtime reads them differently (holes, sizes), so both refuse
+    regions = [((4 << 20) - 1, 1)]
+    yield Case("sparse-listed", zst(tar_bytes(with_files(members, {"zzz/sparse": _sparse_content(4 << 20, regions)})
+                                              + [sparse_member("zzz/sparse", 4 << 20, regions)])), True)
+    yield Case("sparse-one-region", zst(tar_bytes(with_files(members, {"zzz/full": b"\x01" * 4})
+                                                  + [sparse_member("zzz/full", 4, [(0, 4)])])))
+
+    # path bounds: bytes, components, component length, dot names (the cache's own)
+    deep = "/".join(["d"] * 2000)
+    yield Case("path-2000-folders", zst(tar_bytes(members + [_info("/".join(["d"] * k), type=tarfile.DIRTYPE)
+                                                             for k in range(1, 2001)] + [_info(deep + "/x", b"x")])), True)
+    yield Case("path-2000-folders-listed", archive_with({deep + "/x": b"x"}), True)
+    yield Case("path-33-components", archive_with({"/".join(["d"] * 32) + "/x": b"x"}), True)
+    yield Case("path-32-components", archive_with({"/".join(["d"] * 31) + "/x": b"x"}))
+    yield Case("path-1025-bytes", archive_with({"a/" + "b" * 250 + "/" + "c" * 250 + "/" + "d" * 250 + "/"
+                                                + "e" * 250 + "/" + "f" * 19: b"x"}), True)
+    yield Case("path-1024-bytes", archive_with({"a/" + "b" * 250 + "/" + "c" * 250 + "/" + "d" * 250 + "/"
+                                                + "e" * 250 + "/" + "f" * 18: b"x"}))
+    yield Case("path-long-component", archive_with({"a/" + "b" * 256: b"x"}), True)
+    yield Case("path-dot-name", archive_with({"model/.hidden": b"x"}), True)
+    yield Case("path-cache-marker", archive_with({".aotpack-complete": b"x"}), True)
+
+    # a file that compresses 1000:1 at the end: the decoder's output outgrows its input
+    yield Case("zeros-listed-last", archive_with({"zzz/zeros": bytes(4 << 20)}))
+
+    # odd tar type flags and data after the end-of-archive blocks
+    for flag in string.ascii_letters + string.digits:  # a listed entry of every type flag
+        if flag not in "xgLKS":  # pax and GNU name headers, sparse: above
+            odd = _info("zzz/odd", b"xy", type=flag.encode(), linkname="")
+            yield Case(f"typeflag-{flag}", zst(tar_bytes(with_files(members, {"zzz/odd": b"xy"}) + [odd])))
+    yield Case("typeflag-empty-hardlink", zst(tar_bytes(with_files(members, {"zzz/odd": b""})
+                                                        + [_info("zzz/odd", type=tarfile.LNKTYPE)])))
+    yield Case("typeflag-regular-slash", zst(tar_bytes(members + [_info("zzz/dir/", type=tarfile.REGTYPE)])))
+    end_of_tar = tar_bytes(members)
+    yield Case("tail-small", zst(end_of_tar + bytes(range(256)) * 4))
+    yield Case("tail-big", zst(end_of_tar + bytes(range(256)) * (8 << 10)), must_refuse=True)
+    yield Case("tail-header", zst(end_of_tar + tar_bytes([_info("zzz/after", b"x")])))
+
+    # several keys breaking one rule: both name the first in sorted order
+    big = {p: {**r, "size": 1 << 40} for p, r in manifest["files"].items()}
+    yield Case("order-two-big-files", archive_with(edit=lambda m: {**m, "files": big}), True)
+    bad = {p: {**r, "sha256": "X" * 64} for p, r in manifest["files"].items()}
+    yield Case("order-two-bad-digests", archive_with(edit=lambda m: {**m, "files": bad}), True)
+
+    # a library listed as weights, weights that are not safetensors
+    yield Case("library-is-weights", archive_with(edit=lambda m: {**m, "model": {**m["model"], "library": weights}}), True)
+    yield Case("library-not-so", archive_with({"model/model.bin": files[library]},
+                                              edit=lambda m: {**m, "model": {**m["model"], "library": "model/model.bin"}}))
+    yield Case("weights-is-elf", archive_with({weights: files[so[0]]}), True)
+    yield Case("weights-text", archive_with({weights: b"not a safetensors file at all"}), True)
+
+    # safetensors: sorted by offset, the tensors cover the data back to back
+    tensor_files = {"selftest": ("selftest/inputs.safetensors", _st_tensor())}
+    if weights in files:
+        tensor_files["weights"] = (weights, files[weights])
+    for label, (path, blob) in tensor_files.items():
+        header, data = st_split(blob)
+        spans = sorted((v["data_offsets"], k) for k, v in header.items() if k != "__metadata__")
+        def variant(name, new_header, new_data=None, refuse=True, path=path):
+            body = st_join(new_header, data if new_data is None else new_data)
+            return Case(f"st-{label}-{name}", archive_with({path: body}), refuse)
+        yield variant("valid", header, refuse=False)
+        yield variant("trailing-bytes", header, data + bytes(8))
+        yield variant("metadata-nan", b'{"__metadata__": {"x": NaN}' + json.dumps(header).encode()[1:]
+                      if header else b'{"__metadata__": {"x": NaN}}')
+        yield variant("metadata-1e400", b'{"__metadata__": {"x": 1e400}' + (b", " if header else b"")
+                      + json.dumps(header).encode()[1:])
+        yield variant("metadata-deep", b'{"__metadata__": ' + b"[" * 100 + b"]" * 100 + (b", " if header else b"")
+                      + json.dumps(header).encode()[1:])
+        yield variant("bom", b"\xef\xbb\xbf" + json.dumps(header).encode())
+        yield variant("surrogate", b'{"__metadata__": {"x": "\\ud800"}' + (b", " if header else b"")
+                      + json.dumps(header).encode()[1:])
+        if not spans:
+            continue
+        (begin, end), first = spans[0]
+        yield variant("reversed", {**header, first: {**header[first], "data_offsets": [end, begin]}},
+                      refuse=end != begin)
+        yield variant("huge-dim", {**header, first: {**header[first], "shape": [1 << 63]}})
+        yield variant("gap-first", {k: {**v, "data_offsets": [v["data_offsets"][0] + 8, v["data_offsets"][1] + 8]}
+                                    for k, v in header.items() if k != "__metadata__"}, bytes(8) + data)
+        if len(spans) > 1:
+            (b2, e2), second = spans[1]
+            shift = min(b2, 8)
+            yield variant("overlap", {**header, second: {**header[second], "data_offsets": [b2 - shift, e2 - shift]}})
+            yield variant("same-range", {**header, second: {**header[second], "data_offsets": [begin, end]}}
+                          if e2 - b2 == end - begin else
+                          {**header, second: {**header[second], "data_offsets": [b2 - shift, e2 - shift]}})
 
 
 # ---- running ----
@@ -349,6 +516,93 @@ def run_corpus(cases, log=print) -> dict:
                 problems[case.name] = found
                 log(f"{case.name}: " + "; ".join(found))
     return {"cases": count, "problems": problems}
+
+
+# ---- both readers in this process: do they agree, and name the same problem? ----
+
+#: Refusals only the runtime makes, because they depend on the host (docs/archive.md:
+#: torch major.minor, CPU features of target_isa, the ABI version model.so reports).
+HOST_DEPENDENT = ("built with torch ", "this CPU lacks ", " implements model ABI ")
+
+
+#: The problem a tar or zstd library reports for a damaged stream (see disagreement()).
+LIBRARY_FOUND = "corrupt archive"
+
+
+def problem(message: str) -> str:
+    """The problem a refusal names, as compared between the readers: the message up to its
+    first " (" (the parenthesis explains; the runtime adds its ABI minor, for one) and, for
+    errors of the tar/zstd/JSON libraries (libarchive vs tarfile, nlohmann vs json), only
+    the category before the library's own words."""
+    for category in (LIBRARY_FOUND, " is not valid JSON"):
+        at = message.find(category)
+        if at >= 0:
+            return message[:at + len(category)]
+    return message.split(" (", 1)[0]
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]):
+    """``os.environ`` with ``values`` set (None: unset) for the block, restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def readers_verdicts(path: Path) -> tuple[str | None, str | None]:
+    """(runtime, reader) refusal messages for the archive at ``path`` (None: accepted),
+    without the archive's name: ``aotpack.load`` (the runtime's C API, extracting every byte
+    with the cache off) and ``aotpack.reader.check`` (``aotpack verify``'s rules)."""
+    from aotpack import reader
+    from aotpack.errors import AotpackError
+    from aotpack.loader import load
+
+    verdicts = []
+    for prefix, read in ((f"cannot load '{path}': ", lambda: load(path).close()),
+                         (f"{path}: ", lambda: reader.check(path, trusted_keys=[]))):
+        try:
+            read()
+            verdicts.append(None)
+        except AotpackError as exc:
+            text = str(exc)
+            verdicts.append(text[len(prefix):] if text.startswith(prefix) else text)
+    return verdicts[0], verdicts[1]
+
+
+def disagreement(case: Case, work: Path) -> str | None:
+    """Why the two readers disagree on ``case`` (accept vs refuse, or refusals naming
+    different problems), a leftover temp folder, or an accepted must-refuse case; None when
+    they agree. Runs both in this process under LIMITS, with the extraction cache off."""
+    path, tmp = work / "case.aotpack", work / "tmp"
+    path.write_bytes(case.data)
+    tmp.mkdir(exist_ok=True)
+    with _environment(dict(LIMITS, TMPDIR=str(tmp), AOTPACK_RUNTIME_CACHE="0", AOTPACK_TRUSTED_KEYS=None)):
+        runtime, python = readers_verdicts(path)
+    if os.listdir(tmp):
+        return f"left behind: {sorted(os.listdir(tmp))}"
+    if runtime is not None and python is None and runtime.startswith(HOST_DEPENDENT):
+        return None
+    if (runtime is None) != (python is None):
+        return f"runtime: {runtime!r}, verify: {python!r}"
+    # libarchive and tarfile/zstandard notice a damaged stream at different points: the
+    # other reader may refuse it by a later check (a digest, the next entry, a sha256)
+    found_by_library = runtime and LIBRARY_FOUND in (problem(runtime), problem(python))
+    if runtime and problem(runtime) != problem(python) and not found_by_library:
+        return f"runtime: {runtime!r}, verify: {python!r}"
+    if case.must_refuse and runtime is None:
+        return "accepted, but it must be refused"
+    return None
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 // Streaming reader of a .aotpack archive (one zstd-compressed tar): entry headers one at a
 // time, entry data in caller-sized chunks, never a whole entry in memory; it reads the file
-// only as far as the entries asked for (the manifest entries come first).
+// only as far as the entries asked for (the manifest entries come first), and to its end
+// when finish() is called. libzstd decodes the zstd layer, libarchive reads the tar.
 #pragma once
 
 #include <cstdint>
@@ -27,9 +28,14 @@ class ArchiveReader {
 
   /// The next entry's header; false at the end of the archive. Throws aotpack::Error on a
   /// corrupt archive, on one that is not compressed exactly once with zstd, on an unsafe
-  /// path (check_entry_path), and on links, devices, FIFOs, sockets and other non-regular
-  /// entries. Unread data of the previous entry is skipped.
+  /// path (check_entry_path), and on links, devices, FIFOs, sockets, sparse files and other
+  /// non-regular entries. Unread data of the previous entry is skipped.
   bool next(EntryHeader* header);
+
+  /// After next() returned false: decodes the rest of the zstd stream (checksums, a
+  /// truncated frame), which may hold at most 1 MiB after the tar's end (the end-of-archive
+  /// blocks, padding). Throws aotpack::Error "corrupt archive: ...".
+  void finish();
 
   /// Up to `capacity` bytes of the current entry's data; 0 at its end. Throws on corruption.
   size_t read(void* buffer, size_t capacity);
@@ -42,12 +48,12 @@ class ArchiveReader {
   struct Source;
   std::unique_ptr<Source> source_;
   struct archive* archive_ = nullptr;
-  bool checked_filters_ = false;
 };
 
-/// Throws unless `path` is a plain relative path: not empty, at most 4096 bytes, not
-/// absolute, no "..", "." or empty components, only printable ASCII other than space and
-/// backslash.
+/// Throws unless `path` is a plain relative path: not empty, at most AOTPACK_MAX_PATH_BYTES
+/// bytes and AOTPACK_MAX_PATH_COMPONENTS components of at most AOTPACK_MAX_NAME_BYTES, not
+/// absolute, no "..", "." or empty components nor one starting with '.', only printable
+/// ASCII other than space and backslash (aotpack/manifest_rules.py's check_entry_path).
 void check_entry_path(const std::string& path);
 
 }  // namespace aotpack::detail

@@ -9,6 +9,7 @@
 #include "aotpack/runtime.h"  // AOTPACK_SIGNATURE_*
 #include "archive.h"
 #include "elf_check.h"
+#include "safetensors.h"
 #include "sha256.h"
 #include "signature.h"
 #include "tempdir.h"
@@ -139,6 +140,7 @@ void VerifiedArchive::extract_to(const std::string& root) {
       fail("sha256 mismatch for '" + header.path + "' (the archive is corrupt or was modified)");
     written.insert(header.path);
   }
+  reader_.finish();
   report_missing(manifest_, written);
   for (const auto& [path, data] : {std::pair<const char*, const std::string*>{kManifestPath, &text_},
                                    {kManifestDigestPath, &digest_},
@@ -155,12 +157,23 @@ void VerifiedArchive::extract_to(const std::string& root) {
   }
 }
 
-void check_shared_objects(const Manifest& manifest, const std::string& root) {
-  std::vector<std::string> objects;
-  for (const auto& [path, record] : manifest.files)
-    if (ends_with(path, ".so")) objects.push_back(path);
+void check_file_contents(const Manifest& manifest, const std::string& root) {
+  std::vector<std::string> objects, tensor_files;
+  for (const auto& [path, record] : manifest.files) {
+    if (ends_with(path, ".so") || path == manifest.model_library) objects.push_back(path);
+    if (ends_with(path, ".safetensors")) tensor_files.push_back(path);
+  }
   std::sort(objects.begin(), objects.end());
+  std::sort(tensor_files.begin(), tensor_files.end());
   for (const std::string& path : objects) check_elf(root + "/" + path, path);
+  for (const std::string& path : tensor_files) {
+    const auto mapped = MappedFile::open(root + "/" + path);
+    try {
+      parse_safetensors(mapped->data, mapped->size);
+    } catch (const Error& e) {
+      fail(path + ": " + e.what());
+    }
+  }
 }
 
 }  // namespace aotpack::detail

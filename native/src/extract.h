@@ -55,7 +55,10 @@ class VerifiedArchive {
   bool extracted_ = false;
 };
 
-/// Checks every listed `.so` file under `root` with check_elf. Throws aotpack::Error.
-void check_shared_objects(const Manifest& manifest, const std::string& root);
+/// The content checks of docs/archive.md rule 6 on the files under `root`, in the order
+/// aotpack/reader.py makes them: check_elf on every listed `.so` and on model.library
+/// (whatever its name: it is dlopened), then parse_safetensors on every `.safetensors`
+/// (weights and self-test), each in path order. Throws aotpack::Error naming the file.
+void check_file_contents(const Manifest& manifest, const std::string& root);
 
 }  // namespace aotpack::detail

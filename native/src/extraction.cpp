@@ -116,7 +116,7 @@ void check_entry(const std::string& entry, const VerifiedArchive& archive, const
         static_cast<uint64_t>(st.st_size) != record.size)
       fail("cache entry file '" + full + "' is missing or changed");
   }
-  check_shared_objects(archive.manifest(), entry);
+  check_file_contents(archive.manifest(), entry);
 }
 
 bool entry_is_valid(const std::string& entry, const VerifiedArchive& archive, const Limits& limits) {
@@ -260,7 +260,7 @@ Extraction Extraction::open(const std::string& archive_path, const Limits& limit
   fresh.lock_path_ = folder.lock_path;
   fresh.lock_fd_ = folder.lock_fd;
   archive.extract_to(fresh.path_);
-  check_shared_objects(archive.manifest(), fresh.path_);
+  check_file_contents(archive.manifest(), fresh.path_);
   if (!claimed) return fresh;  // no cache, or this process already uses the entry
   write_small_file(fresh.path_, kMarker, marker_text(archive.manifest_sha256()));
   for (int attempt = 0; attempt < 2; ++attempt) {

@@ -1,6 +1,5 @@
 #include "limits.h"
 
-#include <cerrno>
 #include <cstdlib>
 #include <string>
 
@@ -9,14 +8,21 @@
 namespace aotpack::detail {
 namespace {
 
+// Decimal digits only, 1 to AOTPACK_LIMIT_VALUE_MAX: the rule of aotpack/reader.py's
+// parse_limit (strtoull alone would take " 5", "+5" and "-5").
 void override_from(const char* name, uint64_t* value) {
   const char* raw = std::getenv(name);
   if (raw == nullptr || *raw == '\0') return;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long parsed = std::strtoull(raw, &end, 10);
-  if (*end != '\0' || errno != 0 || parsed == 0 || raw[0] == '-')
-    fail(std::string(name) + " must be a positive integer, got '" + raw + "'");
+  uint64_t parsed = 0;
+  bool ok = true;
+  for (const char* c = raw; *c != '\0' && ok; ++c) {
+    const unsigned digit = static_cast<unsigned char>(*c) - '0';
+    ok = digit <= 9 && parsed <= (AOTPACK_LIMIT_VALUE_MAX - digit) / 10;
+    parsed = parsed * 10 + digit;
+  }
+  if (!ok || parsed == 0)
+    fail(std::string(name) + " must be an integer from 1 to " + std::to_string(AOTPACK_LIMIT_VALUE_MAX) +
+         ", got '" + raw + "'");
   *value = parsed;
 }
 

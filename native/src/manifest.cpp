@@ -115,6 +115,21 @@ bool is_sha256_hex(const std::string& s) {
          });
 }
 
+// No listed path (nor a manifest entry) is also a folder of another one ("a" and "a/b"):
+// extraction could not write both. The first offender in sorted order is named.
+void check_no_file_is_a_folder(const std::unordered_map<std::string, FileRecord>& files) {
+  std::vector<std::string> paths;
+  for (const auto& [path, record] : files) paths.push_back(path);
+  std::sort(paths.begin(), paths.end());
+  for (const std::string& path : paths) {
+    for (size_t end = path.find('/'); end != std::string::npos; end = path.find('/', end + 1)) {
+      const std::string folder = path.substr(0, end);
+      if (files.count(folder) || is_manifest_entry(folder))
+        bad("files[\"" + path + "\"]", "'" + folder + "' is a file, so it cannot be a folder");
+    }
+  }
+}
+
 std::unordered_map<std::string, FileRecord> get_files(const json& obj) {
   std::unordered_map<std::string, FileRecord> files;
   for (const auto& [path, rec] : get_object(obj, "files", "").items()) {
@@ -135,6 +150,7 @@ std::unordered_map<std::string, FileRecord> get_files(const json& obj) {
     record.size = static_cast<uint64_t>(size);
     files.emplace(path, record);
   }
+  check_no_file_is_a_folder(files);
   return files;
 }
 
@@ -169,10 +185,11 @@ std::map<std::string, std::string> get_weight_aliases(const json& doc) {
 }
 
 // Deepest nesting of arrays and objects, scanning outside strings; stops past `limit`.
-uint64_t nesting_depth(const std::string& text, uint64_t limit) {
+uint64_t nesting_depth(const char* text, size_t size, uint64_t limit) {
   uint64_t depth = 0, deepest = 0;
   bool in_string = false, escaped = false;
-  for (char c : text) {
+  for (const char* p = text; p != text + size; ++p) {
+    const char c = *p;
     if (in_string) {
       if (escaped) escaped = false;
       else if (c == '\\') escaped = true;
@@ -190,20 +207,25 @@ uint64_t nesting_depth(const std::string& text, uint64_t limit) {
 }
 
 json parse_json(const std::string& text, uint64_t max_depth) {
-  if (text.size() >= 3 && text.compare(0, 3, "\xef\xbb\xbf") == 0)
-    fail("manifest.json starts with a byte-order mark (it must be plain UTF-8 JSON)");
-  if (nesting_depth(text, max_depth) > max_depth)
-    fail("manifest.json nests deeper than " + std::to_string(max_depth) + " levels");
-  try {
-    json doc = json::parse(text);
-    if (!doc.is_object()) fail(AOTPACK_MANIFEST_PATH ": expected a JSON object at the top level");
-    return doc;
-  } catch (const json::exception& e) {
-    fail(std::string(AOTPACK_MANIFEST_PATH " is not valid JSON: ") + e.what());
-  }
+  json doc = parse_strict_json(text.data(), text.size(), max_depth, AOTPACK_MANIFEST_PATH);
+  if (!doc.is_object()) fail(AOTPACK_MANIFEST_PATH ": expected a JSON object at the top level");
+  return doc;
 }
 
 }  // namespace
+
+nlohmann::json parse_strict_json(const char* text, size_t size, uint64_t max_depth,
+                                 const std::string& label) {
+  if (size >= 3 && std::string(text, 3) == "\xef\xbb\xbf")  // nlohmann would skip it
+    fail(label + " starts with a byte-order mark (it must be plain UTF-8 JSON)");
+  if (nesting_depth(text, size, max_depth) > max_depth)
+    fail(label + " nests deeper than " + std::to_string(max_depth) + " levels");
+  try {
+    return json::parse(text, text + size);
+  } catch (const json::exception& e) {
+    fail(label + " is not valid JSON: " + e.what());
+  }
+}
 
 bool is_manifest_entry(const std::string& path) {
   return path == kManifestPath || path == kManifestDigestPath || path == kManifestSignaturePath;
@@ -256,16 +278,19 @@ void check_limits(const Manifest& manifest, const Limits& limits) {
     fail("manifest.json lists " + std::to_string(manifest.files.size()) +
          " files, more than the limit of " + std::to_string(limits.max_entries) +
          " entries (AOTPACK_MAX_ENTRIES)");
+  std::vector<std::pair<std::string, uint64_t>> sizes;  // in path order: the same file named as by reader.py
+  for (const auto& [path, record] : manifest.files) sizes.emplace_back(path, record.size);
+  std::sort(sizes.begin(), sizes.end());
   uint64_t total = 0;
-  for (const auto& [path, record] : manifest.files) {
-    if (record.size > limits.max_entry_bytes)
-      fail("file '" + path + "' is " + std::to_string(record.size) +
+  for (const auto& [path, size] : sizes) {
+    if (size > limits.max_entry_bytes)
+      fail("file '" + path + "' is " + std::to_string(size) +
            " bytes, more than the limit of " + std::to_string(limits.max_entry_bytes) +
            " per entry (AOTPACK_MAX_ENTRY_BYTES)");
-    if (record.size > limits.max_total_bytes - total)
+    if (size > limits.max_total_bytes - total)
       fail("the files of manifest.json add up to more than the limit of " +
            std::to_string(limits.max_total_bytes) + " bytes (AOTPACK_MAX_TOTAL_BYTES)");
-    total += record.size;
+    total += size;
   }
 }
 

@@ -1,6 +1,8 @@
 // manifest.json of a .aotpack archive (docs/archive.md) and the checks against the entries.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <map>
 #include <unordered_map>
@@ -50,10 +52,18 @@ struct Manifest {
 /// Checks format_version first (so a newer format gets a clear message rather than a
 /// missing-key error), then every key the runtime uses: `files` paths are safe relative
 /// paths other than the manifest entries, digests are 64 lower-case hex digits, and
-/// model.library is one of the files; weight_aliases (optional) maps strings to strings
+/// model.library is one of the files, no file is also a folder ("a" and "a/b");
+/// weight_aliases (optional) maps strings to strings
 /// without chains or cycles. Throws aotpack::Error naming the key
 /// ("manifest.json: inputs[0].dtype: ...").
 Manifest parse_manifest(const std::string& text, uint64_t max_depth = 64);
+
+/// Parses `size` bytes of JSON at `text` as strictly as aotpack/manifest_rules.py's
+/// parse_strict_json: no byte-order mark, nesting depth <= `max_depth`, UTF-8 without lone
+/// surrogates, no NaN/Infinity, numbers within double's range. Throws aotpack::Error
+/// starting with `label` ("<label> is not valid JSON: ...").
+nlohmann::json parse_strict_json(const char* text, size_t size, uint64_t max_depth,
+                                 const std::string& label);
 
 /// Throws unless the manifest's `files` fit `limits` (entry count, each size, total size).
 void check_limits(const Manifest& manifest, const Limits& limits);

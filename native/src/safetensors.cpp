@@ -6,10 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <tuple>
 
+#include "aotpack/archive_layout.h"
 #include "dtype.h"
+#include "manifest.h"
 #include "util.h"
 
 namespace aotpack::detail {
@@ -24,13 +28,9 @@ uint64_t read_le64(const char* bytes) {
 }
 
 json parse_header(const char* file, uint64_t header_len) {
-  try {
-    json header = json::parse(file + 8, file + 8 + header_len);
-    if (!header.is_object()) fail("header is not a JSON object");
-    return header;
-  } catch (const json::exception& e) {
-    fail(std::string("header is not valid JSON: ") + e.what());
-  }
+  json header = parse_strict_json(file + 8, header_len, AOTPACK_MAX_JSON_DEPTH, "header");
+  if (!header.is_object()) fail("header is not a JSON object");
+  return header;
 }
 
 std::vector<int64_t> parse_shape(const json& info, const std::string& name) {
@@ -38,7 +38,8 @@ std::vector<int64_t> parse_shape(const json& info, const std::string& name) {
   if (it == info.end() || !it->is_array()) fail("tensor '" + name + "' has no shape list");
   std::vector<int64_t> shape;
   for (const json& d : *it) {
-    if (!d.is_number_unsigned()) fail("tensor '" + name + "' has a bad shape entry");
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail("tensor '" + name + "' has a bad shape entry");
     shape.push_back(d.get<int64_t>());
   }
   return shape;
@@ -57,14 +58,54 @@ SafeTensorView parse_tensor(const json& info, const std::string& name, const cha
       !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
     fail("tensor '" + name + "' has no valid data_offsets");
   const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
-  if (begin > end || end > data_size)
-    fail("tensor '" + name + "' data_offsets lie outside the file");
+  if (begin > end) fail("tensor '" + name + "' data_offsets end before they begin");
+  if (end > data_size) fail("tensor '" + name + "' data_offsets lie outside the file");
   view.nbytes = checked_nbytes(view.shape, c10::elementSize(view.dtype));
   if (end - begin != view.nbytes)
     fail("tensor '" + name + "' holds " + std::to_string(end - begin) + " bytes, " +
          describe(view.dtype, view.shape) + " needs " + std::to_string(view.nbytes));
   view.data = data + begin;
   return view;
+}
+
+// The data_offsets, sorted, must tile [0, data_size): no two tensors share a byte and no
+// byte belongs to no tensor (huggingface/safetensors' own validation; aotpack's writer
+// pads the header, never the data). Same rule and messages as aotpack/file_checks.py.
+void check_tiling(const std::map<std::string, SafeTensorView>& tensors, const char* data,
+                  uint64_t data_size) {
+  struct Span {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Span> spans;
+  for (const auto& [name, view] : tensors) {
+    const auto begin = static_cast<uint64_t>(view.data - data);
+    spans.push_back({begin, begin + view.nbytes, &name});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return std::tie(a.begin, a.end, *a.name) < std::tie(b.begin, b.end, *b.name);
+  });
+  uint64_t covered = 0;
+  const Span* previous = nullptr;
+  for (const Span& span : spans) {
+    if (span.begin < covered)
+      fail("tensors '" + *previous->name + "' and '" + *span.name + "' overlap: data_offsets [" +
+           std::to_string(previous->begin) + ", " + std::to_string(previous->end) + "] and [" +
+           std::to_string(span.begin) + ", " + std::to_string(span.end) + "]");
+    if (span.begin > covered) break;
+    covered = span.end;
+    previous = &span;
+  }
+  if (covered != data_size) {
+    uint64_t gap_end = data_size;
+    for (const Span& span : spans)
+      if (span.begin > covered) {
+        gap_end = span.begin;
+        break;
+      }
+    fail(std::to_string(gap_end - covered) + " bytes at data offset " + std::to_string(covered) +
+         " belong to no tensor (data_offsets must cover the data back to back)");
+  }
 }
 
 }  // namespace
@@ -81,6 +122,7 @@ std::map<std::string, SafeTensorView> parse_safetensors(const char* file, size_t
     if (name == "__metadata__") continue;
     tensors.emplace(name, parse_tensor(info, name, data, data_size));
   }
+  check_tiling(tensors, data, data_size);
   return tensors;
 }
 

@@ -32,8 +32,10 @@ struct MappedFile {
 std::map<std::string, SafeTensorView> parse_safetensors(const char* file, size_t size);
 
 /// Parses `file` (8-byte little-endian header length, JSON header, data). Views point into
-/// `file`, which must outlive them. Throws aotpack::Error on a malformed header, an unknown
-/// dtype, or data offsets that are out of range or disagree with dtype and shape.
+/// `file`, which must outlive them. Throws aotpack::Error on a malformed header (parsed by
+/// parse_strict_json), an unknown dtype, data offsets that are out of range or disagree
+/// with dtype and shape, and tensors that overlap or leave bytes of the data to no tensor
+/// (sorted by offset, they must cover the data back to back: docs/archive.md rule 6).
 std::map<std::string, SafeTensorView> parse_safetensors(const std::string& file);
 
 }  // namespace aotpack::detail
