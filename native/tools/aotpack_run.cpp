@@ -315,6 +315,7 @@ int run_tool(const Options& opt) {
   aotpack::LoadOptions load_options;
   load_options.device_limit = opt.device_limit;  // Model::load checks it
   load_options.trusted_keys = opt.trusted_keys;
+  load_options.verify_archive = opt.check;  // --check reads every byte, cached or not
   const auto start = std::chrono::steady_clock::now();
   aotpack::Model model = aotpack::Model::load(opt.archive, load_options);
   const double load_ms = elapsed_us(start) / 1000.0;
