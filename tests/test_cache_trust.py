@@ -22,7 +22,7 @@ import torch
 import zstandard
 
 import aotpack
-from aotpack import runtime_cache, signing
+from aotpack import signing
 from aotpack.cli import main as cli_main
 from aotpack.errors import AotpackError
 
@@ -99,8 +99,9 @@ def poison_library(tmp_path: Path, size: int) -> tuple[bytes, Path]:
     """A shared object of exactly `size` bytes whose constructor writes a file; (bytes, that file)."""
     source, library, witness = tmp_path / "poison.c", tmp_path / "poison.so", tmp_path / "pwned"
     source.write_text(POISON_SOURCE)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-s", f'-DPOISON_PATH="{witness}"', str(source),
-                    "-o", str(library)], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Os", "-s", "-nostartfiles", "-Wl,-z,noseparate-code",
+                    "-Wl,--build-id=none", f'-DPOISON_PATH="{witness}"', str(source), "-o", str(library)],
+                   check=True)
     data = library.read_bytes()
     if len(data) > size:
         pytest.fail(f"the poison library ({len(data)} bytes) is bigger than the {size} it replaces")
@@ -340,7 +341,7 @@ def test_a_swapped_kernel_so_never_runs(mlp, env, tmp_path):
     with aotpack.load(mlp.archive):
         pass
     [name] = entries(env)
-    kernels = sorted((root(env) / name).rglob("kernel.so"))
+    kernels = sorted((root(env) / name).rglob("kernel.so"), key=lambda p: -p.stat().st_size)
     good = kernels[0].read_bytes()
     poison, witness = poison_library(tmp_path, len(good))
     kernels[0].write_bytes(poison)
@@ -389,6 +390,8 @@ def test_the_cap_evicts_least_recently_used_entries_never_one_in_use(fixture, en
 
 
 def test_cache_list_and_prune(fixture, env, tmp_path, capsys):
+    from aotpack import runtime_cache
+
     a, b, c = (_variant(fixture, tmp_path, seed) for seed in (1, 2, 3))
     for archive in (a, b, c):
         assert run(env, archive, "--check").returncode == 0
