@@ -67,12 +67,11 @@ def signed(fixture, keys, tmp_path_factory):
 def env(tmp_path, monkeypatch):
     """A private TMPDIR and extraction cache per test, for aotpack-run and aotpack.load alike."""
     (tmp_path / "tmp").mkdir()
-    values = {"TMPDIR": str(tmp_path / "tmp"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
-              "AOTPACK_TRUSTED_KEYS": ""}
+    values = {"TMPDIR": str(tmp_path / "tmp"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for key, value in values.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AOTPACK_RUNTIME_CACHE", raising=False)
-    monkeypatch.delenv("AOTPACK_RUNTIME_CACHE_MB", raising=False)
+    for key in ("AOTPACK_TRUSTED_KEYS", "AOTPACK_RUNTIME_CACHE", "AOTPACK_RUNTIME_CACHE_MB"):
+        monkeypatch.delenv(key, raising=False)
     return dict(os.environ, **values)
 
 
