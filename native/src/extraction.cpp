@@ -391,14 +391,15 @@ std::vector<std::string> folder_names(const std::string& path) {
   return names;
 }
 
-// Removes this user's private folders under `dir` named `prefix`XXXXXX whose lock is free
-// (their process is gone, even by SIGKILL); returns the names still locked.
+// Removes this user's private folders under `dir` named `prefix`... whose lock is free
+// (their process is gone, even by SIGKILL); returns the names still locked. `exact`: only
+// `prefix`XXXXXX (a folder shared with other programs, $TMPDIR).
 std::unordered_set<std::string> clean_locked_orphans(const std::string& dir, const std::string& prefix,
-                                                     const std::vector<std::string>& names) {
+                                                     const std::vector<std::string>& names, bool exact) {
   std::unordered_set<std::string> locked;
   const size_t length = prefix.size() + 6 + 5;  // XXXXXX.lock
   for (const std::string& name : names) {
-    if (name.size() != length || name.compare(0, prefix.size(), prefix) != 0 ||
+    if ((exact ? name.size() != length : name.size() < length) || name.compare(0, prefix.size(), prefix) != 0 ||
         name.compare(name.size() - 5, 5, ".lock") != 0)
       continue;
     const std::string lock = dir + "/" + name;
@@ -424,7 +425,7 @@ std::unordered_set<std::string> clean_locked_orphans(const std::string& dir, con
 // cleaner died midway).
 void clean_cache_orphans(const std::string& tmp_root) {
   const std::vector<std::string> names = folder_names(tmp_root);
-  const std::unordered_set<std::string> locked = clean_locked_orphans(tmp_root, "x-", names);
+  const std::unordered_set<std::string> locked = clean_locked_orphans(tmp_root, "x-", names, false);
   const time_t now = std::time(nullptr);
   for (const std::string& name : names) {
     const std::string full = tmp_root + "/" + name;
@@ -622,7 +623,7 @@ Extraction Extraction::open(const std::string& archive_path, const Limits& limit
   PrivateFolder folder;
   if (dirs.tmp.empty()) {
     const std::string dir = tmpdir();
-    clean_locked_orphans(dir, kPrivatePrefix, folder_names(dir));
+    clean_locked_orphans(dir, kPrivatePrefix, folder_names(dir), true);
     folder = make_private_folder(dir, kPrivatePrefix);
   } else {
     folder = make_private_folder(dirs.tmp, "x-");
