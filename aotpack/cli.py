@@ -3,7 +3,7 @@
 Commands: build (export, fuse, autotune, package), run (the native runtime), inspect
 (manifest and autotune report), verify (reading rules, signature; with --run native load
 and stored self-test), diff (compare two archives), sign (Ed25519-sign an archive), keygen
-(make a signing key pair).
+(make a signing key pair), cache (list or prune the runtime's extraction cache).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
+from aotpack import runtime_cache
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 
@@ -108,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true",
                    help="print the whole manifest as JSON, plus the derived tables under 'report'")
     i.add_argument("--ir", action="store_true", help="print the lowered graph and every fused kernel's IR")
+    runtime_cache.add_subcommand(sub)
     return parser
 
 
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("aotpack.autotune").setLevel(logging.WARNING)
     _stop_on_terminate()
     handlers = {"build": _build, "run": _run, "inspect": _inspect, "verify": _verify, "diff": _diff,
-                "sign": _sign, "keygen": _keygen}
+                "sign": _sign, "keygen": _keygen, "cache": runtime_cache.run_subcommand}
     try:
         return handlers[args.command](args)
     except AotpackError as exc:

@@ -86,7 +86,8 @@ class _LoadOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("device_limit", ctypes.c_int32),
                 ("trusted_keys", ctypes.POINTER(ctypes.c_char_p)), ("num_trusted_keys", ctypes.c_int64),
                 ("verify_archive", ctypes.c_int32), ("require_signature", ctypes.c_int32),
-                ("cores", ctypes.POINTER(ctypes.c_int32)), ("num_cores", ctypes.c_int64)]
+                ("cores", ctypes.POINTER(ctypes.c_int32)), ("num_cores", ctypes.c_int64),
+                ("private_extraction", ctypes.c_int32)]
 
 
 #: AotpackDType code -> torch dtype.
@@ -394,7 +395,7 @@ class Model:
 
     def __init__(self, path: str | Path, device_limit: int | None = None, *,
                  trusted_keys: Sequence[str | Path] = (), verify_archive: bool = False,
-                 require_signature: bool = False):
+                 require_signature: bool = False, private_extraction: bool = False):
         if device_limit is None:
             device_limit = 0
         elif isinstance(device_limit, bool) or not isinstance(device_limit, int) or device_limit < 1:
@@ -406,7 +407,8 @@ class Model:
         options = _LoadOptions(struct_size=ctypes.sizeof(_LoadOptions), device_limit=device_limit,
                                trusted_keys=(ctypes.c_char_p * max(len(keys), 1))(*keys),
                                num_trusted_keys=len(keys), verify_archive=int(bool(verify_archive)),
-                               require_signature=int(bool(require_signature)))
+                               require_signature=int(bool(require_signature)),
+                               private_extraction=int(bool(private_extraction)))
         handle = ctypes.c_void_p()
         if self._lib.aotpack_model_load_with(os.fsencode(self.path), ctypes.byref(options),
                                              ctypes.byref(handle)):
@@ -639,7 +641,7 @@ def _to_torch(pointers: list[int]) -> list[torch.Tensor]:
 
 def load(path: str | Path, device_limit: int | None = None, *,
          trusted_keys: Sequence[str | Path] = (), verify_archive: bool = False,
-         require_signature: bool = False) -> Model:
+         require_signature: bool = False, private_extraction: bool = False) -> Model:
     """Verify, extract and load an archive into this process (libaotpack_runtime).
 
     Args:
@@ -651,10 +653,12 @@ def load(path: str | Path, device_limit: int | None = None, *,
             extraction-cache entry exists.
         require_signature: refuse the load unless trusted keys are set (also
             AOTPACK_REQUIRE_SIGNATURE=1). ``Model.signature`` says how it was signed.
+        private_extraction: extract to a private folder removed when the model is freed;
+            the extraction cache is neither read nor written (a build's check of its archive).
 
     Raises:
         AotpackError: the runtime library is missing (the message says how to build it)
             or the archive fails a check (checksums, torch version, CPU features, ABI).
     """
     return Model(path, device_limit, trusted_keys=trusted_keys, verify_archive=verify_archive,
-                 require_signature=require_signature)
+                 require_signature=require_signature, private_extraction=private_extraction)

@@ -89,6 +89,7 @@ aotpack::LoadOptions load_options(const AotpackLoadOptions* given) {
   options.require_signature = o.require_signature != 0;
   if (o.num_cores < 0 || (o.num_cores > 0 && o.cores == nullptr)) fail("bad core array");
   options.cores.assign(o.cores, o.cores + o.num_cores);
+  options.private_extraction = o.private_extraction != 0;
   return options;
 }
 

@@ -45,11 +45,12 @@ EntryHeader expect_entry(ArchiveReader& reader, const char* path, uint64_t* seen
   return header;
 }
 
-// Streams the current entry to `root/path` while hashing; returns the hex digest.
+// Streams the current entry to `root/path` (nowhere when `root` is "") while hashing;
+// returns the hex digest.
 std::string stream_entry(ArchiveReader& reader, const EntryHeader& header,
                          const std::string& root, std::vector<char>& chunk) {
   const std::string full = root + "/" + header.path;
-  const int fd = create_new_file(root, header.path, ends_with(header.path, ".so") ? 0755 : 0644);
+  const int fd = root.empty() ? -1 : create_new_file(root, header.path, ends_with(header.path, ".so") ? 0755 : 0644);
   Sha256 hash;
   uint64_t done = 0;
   try {
@@ -59,14 +60,14 @@ std::string stream_entry(ArchiveReader& reader, const EntryHeader& header,
       done += n;
       if (done > header.size) fail("entry '" + header.path + "' holds more data than its header says");
       hash.update(chunk.data(), n);
-      write_all(fd, chunk.data(), n, full);
+      if (fd >= 0) write_all(fd, chunk.data(), n, full);
     }
     if (done != header.size) fail("entry '" + header.path + "' is truncated");
   } catch (...) {
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
     throw;
   }
-  if (::close(fd) != 0) fail("cannot close '" + full + "'");
+  if (fd >= 0 && ::close(fd) != 0) fail("cannot close '" + full + "'");
   return hash.hex();
 }
 
@@ -142,6 +143,7 @@ void VerifiedArchive::extract_to(const std::string& root) {
   }
   reader_.finish();
   report_missing(manifest_, written);
+  if (root.empty()) return;
   for (const auto& [path, data] : {std::pair<const char*, const std::string*>{kManifestPath, &text_},
                                    {kManifestDigestPath, &digest_},
                                    {kManifestSignaturePath, &signature_}}) {

@@ -39,7 +39,8 @@ class VerifiedArchive {
   /// Streams every file into `root` (an existing folder). A file's header size must equal
   /// the manifest's before a byte is written, its sha256 must match at the end; no file
   /// may be missing, unlisted or repeated. Then writes the manifest entries beside them
-  /// (a reused cache entry is re-checked against them). Call once. Throws aotpack::Error;
+  /// (a reused cache entry is re-checked against them). `root` "": only read and check
+  /// every byte, writing nothing (--check on a cache hit). Call once. Throws aotpack::Error;
   /// files already written stay (the caller removes the folder).
   void extract_to(const std::string& root);
 

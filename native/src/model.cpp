@@ -116,11 +116,11 @@ at::Tensor tensor_from_bytes(const TensorSpec& spec, const char* bytes,
   return tensor;
 }
 
-std::vector<at::Tensor> make_constants(const detail::Manifest& manifest, const std::string& root) {
+// `weights`: weights.safetensors as the extraction mapped it (null when the archive has none).
+std::vector<at::Tensor> make_constants(const detail::Manifest& manifest,
+                                       const std::shared_ptr<detail::MappedFile>& weights) {
   if (manifest.constants.empty()) return {};
-  if (!manifest.files.count(detail::kWeightsPath))
-    fail(std::string("the archive has no '") + detail::kWeightsPath + "'");
-  auto weights = detail::MappedFile::open(root + "/" + detail::kWeightsPath);
+  if (!weights) fail(std::string("the archive has no '") + detail::kWeightsPath + "'");
   std::map<std::string, detail::SafeTensorView> views;
   try {
     views = detail::parse_safetensors(weights->data, weights->size);
@@ -228,11 +228,15 @@ void Model::Impl::load(const LoadOptions& options) {
   if ((options.require_signature || detail::signature_required_by_env()) && keys.empty())
     fail("a signature is required, but no trusted key is set (AOTPACK_TRUSTED_KEYS or "
          "--trusted-key)");
-  if (options.verify_archive) fail("verify_archive is not supported yet");
   if (!options.cores.empty()) fail("core partitions (cores) are not supported yet");
   // 1. Verified entry by entry (the manifest and its signature before anything is written),
-  //    streamed to the extraction cache or a private folder; every .so passes check_elf.
-  dir = detail::Extraction::open(archive_path, detail::Limits::from_env(), keys,
+  //    streamed to a private folder, or a cache entry proven file by file; every .so passes
+  //    check_elf.
+  detail::Extraction::Options extraction;
+  extraction.trusted_keys = keys;
+  extraction.verify_archive = options.verify_archive;
+  extraction.use_cache = !options.private_extraction;
+  dir = detail::Extraction::open(archive_path, detail::Limits::from_env(), extraction,
                                  [](const detail::Manifest& m) {
                                    detail::check_compatibility(m);
                                    check_mutated_buffers(m);
@@ -240,7 +244,7 @@ void Model::Impl::load(const LoadOptions& options) {
                                  &manifest);
   signature = {manifest.signature_state, manifest.signed_by, manifest.signed_by_sha256};
   c10::InferenceMode inference;
-  constants = make_constants(manifest, dir.path());
+  constants = make_constants(manifest, dir.weights());
   // 2. Only now: dlopen, create.
   library.open(dir.path() + "/" + manifest.model_library, manifest.model_library);
   detail::check_model_abi(manifest.model_library, library.abi_version());
@@ -248,6 +252,9 @@ void Model::Impl::load(const LoadOptions& options) {
   if (device_limit == 0 && manifest.device_limit > detail::available_cores())
     device_limit = detail::available_cores();
   create_instance(device_limit);
+  // 3. Every check passed: only now may a new extraction become the cache entry (the
+  //    loaded libraries keep working when their folder is renamed).
+  dir.publish();
 }
 
 void Model::Impl::create_instance(int32_t device_limit) {

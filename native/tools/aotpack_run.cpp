@@ -38,8 +38,9 @@ constexpr char kUsage[] =
     "                       load_ms=<ms>\n"
     "                       latency_us median=<us> p10=<us> p90=<us> runs=<N>\n"
     "  --warmup W         warm-up runs before timing (default 10)\n"
-    "  --check            only load the archive (checksums, torch version, CPU features,\n"
-    "                     model.so) and print 'ok: NAME VERSION'\n"
+    "  --check            only load the archive (checksums of every byte, even when its\n"
+    "                     cache entry exists; torch version, CPU features, model.so) and\n"
+    "                     print 'ok: NAME VERSION'\n"
     "  --device-limit C   cores the model may use: fused kernels and ATen threads\n"
     "                     (default 0: the build-time limit for kernels, all for ATen);\n"
     "                     more than the cores available to this process is an error\n"
@@ -327,6 +328,7 @@ int run_tool(const Options& opt) {
   load_options.device_limit = opt.device_limit;  // Model::load checks it
   load_options.trusted_keys = opt.trusted_keys;
   load_options.require_signature = opt.require_signature;
+  load_options.verify_archive = opt.check;  // --check reads every byte, cached or not
   const auto start = std::chrono::steady_clock::now();
   aotpack::Model model = aotpack::Model::load(opt.archive, load_options);
   const double load_ms = elapsed_us(start) / 1000.0;

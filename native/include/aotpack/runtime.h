@@ -68,6 +68,8 @@ typedef struct AotpackLoadOptions {
                                       AOTPACK_REQUIRE_SIGNATURE=1 sets it for every load    */
   const int32_t* cores;            /* CPU ids of the core partition the model's threads run */
   int64_t num_cores;               /*   on; NULL / 0 = not pinned                           */
+  int32_t private_extraction;      /* 1: extract to a private folder removed at free; the
+                                      extraction cache is neither read nor written          */
 } AotpackLoadOptions;
 
 /* aotpack_model_load with options (NULL = all defaults). Same checks and errors. */
@@ -236,6 +238,9 @@ struct LoadOptions {
   bool require_signature = false;
   /// CPU ids of the core partition the model's threads run on; empty = not pinned.
   std::vector<int32_t> cores;
+  /// Extract to a private folder removed when the model is freed; the extraction cache is
+  /// neither read nor written (a build's own check of its archive).
+  bool private_extraction = false;
 };
 
 /// How a loaded archive was signed (the C API's aotpack_model_signature).
