@@ -50,6 +50,7 @@ import os
 import sysconfig
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,14 @@ class _TensorSpec(ctypes.Structure):
     """``AotpackTensorSpec`` of runtime.h."""
     _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int64),
                 ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64))]
+
+
+class _LoadOptions(ctypes.Structure):
+    """``AotpackLoadOptions`` of runtime.h (fields only ever appended)."""
+    _fields_ = [("struct_size", ctypes.c_uint32), ("device_limit", ctypes.c_int32),
+                ("trusted_keys", ctypes.POINTER(ctypes.c_char_p)), ("num_trusted_keys", ctypes.c_int64),
+                ("verify_archive", ctypes.c_int32), ("require_signature", ctypes.c_int32),
+                ("cores", ctypes.POINTER(ctypes.c_int32)), ("num_cores", ctypes.c_int64)]
 
 
 #: AotpackDType code -> torch dtype.
@@ -181,7 +190,8 @@ def _library() -> ctypes.CDLL:
             p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
             signatures = {
                 "aotpack_last_error": (ctypes.c_char_p, []),
-                "aotpack_model_load": (i32, [ctypes.c_char_p, i32, ctypes.POINTER(p)]),
+                "aotpack_model_load_with": (i32, [ctypes.c_char_p, ctypes.POINTER(_LoadOptions),
+                                                   ctypes.POINTER(p)]),
                 "aotpack_model_free": (None, [p]),
                 "aotpack_model_manifest_json": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
                 "aotpack_model_name": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
@@ -379,7 +389,9 @@ class Model:
     (the model may write its buffers in place), and separate models run in parallel.
     """
 
-    def __init__(self, path: str | Path, device_limit: int | None = None):
+    def __init__(self, path: str | Path, device_limit: int | None = None, *,
+                 trusted_keys: Sequence[str | Path] = (), verify_archive: bool = False,
+                 require_signature: bool = False):
         if device_limit is None:
             device_limit = 0
         elif isinstance(device_limit, bool) or not isinstance(device_limit, int) or device_limit < 1:
@@ -387,8 +399,14 @@ class Model:
                                f"limit recorded at build time), got {device_limit!r}")
         self._lib = _library()
         self.path = Path(path)
+        keys = [os.fsencode(k) for k in trusted_keys]
+        options = _LoadOptions(struct_size=ctypes.sizeof(_LoadOptions), device_limit=device_limit,
+                               trusted_keys=(ctypes.c_char_p * max(len(keys), 1))(*keys),
+                               num_trusted_keys=len(keys), verify_archive=int(bool(verify_archive)),
+                               require_signature=int(bool(require_signature)))
         handle = ctypes.c_void_p()
-        if self._lib.aotpack_model_load(os.fsencode(self.path), device_limit, ctypes.byref(handle)):
+        if self._lib.aotpack_model_load_with(os.fsencode(self.path), ctypes.byref(options),
+                                             ctypes.byref(handle)):
             raise AotpackError(_last_error(self._lib))
         self._handle = handle
         try:
@@ -568,15 +586,23 @@ def _to_torch(pointers: list[int]) -> list[torch.Tensor]:
     return tensors
 
 
-def load(path: str | Path, device_limit: int | None = None) -> Model:
+def load(path: str | Path, device_limit: int | None = None, *,
+         trusted_keys: Sequence[str | Path] = (), verify_archive: bool = False,
+         require_signature: bool = False) -> Model:
     """Verify, extract and load an archive into this process (libaotpack_runtime).
 
     Args:
         path: the ``.aotpack`` file.
         device_limit: cores the kernels may use; None = the limit recorded at build time.
+        trusted_keys: Ed25519 public keys (PEM files), in addition to AOTPACK_TRUSTED_KEYS's;
+            with any key set the archive must carry a valid signature by one of them.
+        verify_archive: read and check every byte of the archive even when its
+            extraction-cache entry exists.
+        require_signature: refuse the load unless trusted keys are set.
 
     Raises:
         AotpackError: the runtime library is missing (the message says how to build it)
             or the archive fails a check (checksums, torch version, CPU features, ABI).
     """
-    return Model(path, device_limit)
+    return Model(path, device_limit, trusted_keys=trusted_keys, verify_archive=verify_archive,
+                 require_signature=require_signature)

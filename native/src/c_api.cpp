@@ -2,6 +2,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "aotpack/runtime.h"
@@ -58,6 +60,38 @@ std::vector<int64_t> dims(int64_t ndim, const int64_t* values, const char* what)
   return std::vector<int64_t>(values, values + ndim);
 }
 
+// The caller's AotpackLoadOptions as LoadOptions: a struct from an older header is read up
+// to its struct_size; one from a newer header may not set options this runtime lacks.
+aotpack::LoadOptions load_options(const AotpackLoadOptions* given) {
+  aotpack::LoadOptions options;
+  if (given == nullptr) return options;
+  constexpr size_t kPrefix = offsetof(AotpackLoadOptions, device_limit) + sizeof(int32_t);
+  if (given->struct_size < kPrefix)
+    fail("AotpackLoadOptions.struct_size is " + std::to_string(given->struct_size) +
+         ": set it to sizeof(AotpackLoadOptions)");
+  AotpackLoadOptions o{};
+  std::memcpy(&o, given, std::min<size_t>(given->struct_size, sizeof(o)));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(given);
+  for (size_t i = sizeof(o); i < given->struct_size; ++i)
+    if (bytes[i] != 0)
+      fail("AotpackLoadOptions sets options this runtime does not know (struct_size " +
+           std::to_string(given->struct_size) + " > " + std::to_string(sizeof(o)) +
+           "): use a newer runtime");
+  options.device_limit = o.device_limit;
+  if (o.num_trusted_keys < 0 || (o.num_trusted_keys > 0 && o.trusted_keys == nullptr))
+    fail("bad trusted key array");
+  for (int64_t i = 0; i < o.num_trusted_keys; ++i) {
+    if (o.trusted_keys[i] == nullptr || o.trusted_keys[i][0] == '\0')
+      fail("trusted key " + std::to_string(i) + " is an empty path");
+    options.trusted_keys.emplace_back(o.trusted_keys[i]);
+  }
+  options.verify_archive = o.verify_archive != 0;
+  options.require_signature = o.require_signature != 0;
+  if (o.num_cores < 0 || (o.num_cores > 0 && o.cores == nullptr)) fail("bad core array");
+  options.cores.assign(o.cores, o.cores + o.num_cores);
+  return options;
+}
+
 }  // namespace
 
 extern "C" {
@@ -70,6 +104,16 @@ int32_t aotpack_model_load(const char* archive, int32_t device_limit, aotpack_mo
     *out = nullptr;
     if (archive == nullptr) fail("NULL archive path");
     *out = new aotpack_model{aotpack::Model::load(archive, device_limit)};
+  });
+}
+
+int32_t aotpack_model_load_with(const char* archive, const AotpackLoadOptions* options,
+                                aotpack_model_t** out) {
+  return guarded([&] {
+    checked_out(out);
+    *out = nullptr;
+    if (archive == nullptr) fail("NULL archive path");
+    *out = new aotpack_model{aotpack::Model::load(archive, load_options(options))};
   });
 }
 

@@ -213,18 +213,25 @@ struct __attribute__((visibility("hidden"))) Model::Impl {
     if (instance) library.destroy(instance);
   }
 
-  void load(int32_t device_limit);
+  void load(const LoadOptions& options);
   void create_instance(int32_t device_limit);
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
 };
 
-void Model::Impl::load(int32_t device_limit) {
+void Model::Impl::load(const LoadOptions& options) {
+  int32_t device_limit = options.device_limit;
   detail::check_device_limit(device_limit);
   detail::host_pool();  // a bad AOTPACK_HOST_CACHE_MB is a load error, not a run error
+  std::vector<std::string> keys = detail::trusted_key_paths();
+  keys.insert(keys.end(), options.trusted_keys.begin(), options.trusted_keys.end());
+  if (options.require_signature && keys.empty())
+    fail("a signature is required, but no trusted key is set (AOTPACK_TRUSTED_KEYS or "
+         "--trusted-key)");
+  if (options.verify_archive) fail("verify_archive is not supported yet");
+  if (!options.cores.empty()) fail("core partitions (cores) are not supported yet");
   // 1. Verified entry by entry (the manifest and its signature before anything is written),
   //    streamed to the extraction cache or a private folder; every .so passes check_elf.
-  dir = detail::Extraction::open(archive_path, detail::Limits::from_env(),
-                                 detail::trusted_key_paths(),
+  dir = detail::Extraction::open(archive_path, detail::Limits::from_env(), keys,
                                  [](const detail::Manifest& m) {
                                    detail::check_compatibility(m);
                                    check_mutated_buffers(m);
@@ -287,10 +294,16 @@ std::vector<at::Tensor> Model::Impl::run(const std::vector<at::Tensor>& inputs) 
 // ---- Model ----
 
 Model Model::load(const std::string& archive_path, int32_t device_limit) {
+  LoadOptions options;
+  options.device_limit = device_limit;
+  return load(archive_path, options);
+}
+
+Model Model::load(const std::string& archive_path, const LoadOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->archive_path = archive_path;
   try {
-    impl->load(device_limit);
+    impl->load(options);
   } catch (const std::exception& e) {
     throw Error("cannot load '" + archive_path + "': " + detail::exception_message(e));
   }

@@ -312,14 +312,11 @@ std::vector<at::Tensor> bench(aotpack::Model& model, const std::vector<at::Tenso
 }
 
 int run_tool(const Options& opt) {
-  if (!opt.trusted_keys.empty()) {  // the library reads the keys from the environment
-    const char* env = std::getenv("AOTPACK_TRUSTED_KEYS");
-    std::string keys = env ? env : "";
-    for (const std::string& key : opt.trusted_keys) keys += (keys.empty() ? "" : ":") + key;
-    setenv("AOTPACK_TRUSTED_KEYS", keys.c_str(), 1);
-  }
+  aotpack::LoadOptions load_options;
+  load_options.device_limit = opt.device_limit;  // Model::load checks it
+  load_options.trusted_keys = opt.trusted_keys;
   const auto start = std::chrono::steady_clock::now();
-  aotpack::Model model = aotpack::Model::load(opt.archive, opt.device_limit);  // checks the limit
+  aotpack::Model model = aotpack::Model::load(opt.archive, load_options);
   const double load_ms = elapsed_us(start) / 1000.0;
   // The limit covers the whole model: fused kernels (via the model) and ATen's
   // extern calls (its intra-op thread pool) alike.

@@ -52,6 +52,28 @@ AOTPACK_EXPORT const char* aotpack_last_error(void);
 AOTPACK_EXPORT int32_t aotpack_model_load(const char* archive, int32_t device_limit,
                                           aotpack_model_t** out);
 
+/* Options of aotpack_model_load_with(). Zero the struct (a zero field is its default), set
+ * struct_size = sizeof(AotpackLoadOptions), then the fields you need. Fields are only ever
+ * appended: a runtime reads the first struct_size bytes, and refuses a larger struct whose
+ * bytes past its own fields are not all zero (options it does not know). */
+typedef struct AotpackLoadOptions {
+  uint32_t struct_size;            /* sizeof(AotpackLoadOptions) of the caller's header     */
+  int32_t device_limit;            /* cores the kernels may use; 0 = build-time limit       */
+  const char* const* trusted_keys; /* Ed25519 public keys (PEM file paths), added to those  */
+  int64_t num_trusted_keys;        /*   of AOTPACK_TRUSTED_KEYS; any key requires a signature */
+  int32_t verify_archive;          /* 1: read and check every byte of the archive, even
+                                      when its extraction-cache entry exists (--check)      */
+  int32_t require_signature;       /* 1: refuse unless trusted keys are set (and so the
+                                      archive carries a valid signature by one of them)     */
+  const int32_t* cores;            /* CPU ids of the core partition the model's threads run */
+  int64_t num_cores;               /*   on; NULL / 0 = not pinned                           */
+} AotpackLoadOptions;
+
+/* aotpack_model_load with options (NULL = all defaults). Same checks and errors. */
+AOTPACK_EXPORT int32_t aotpack_model_load_with(const char* archive,
+                                               const AotpackLoadOptions* options,
+                                               aotpack_model_t** out);
+
 /* Destroy the model instance, unload its libraries and remove its temp folder. NULL is ok. */
 AOTPACK_EXPORT void aotpack_model_free(aotpack_model_t* model);
 
@@ -169,6 +191,20 @@ AOTPACK_EXPORT void aotpack_tensor_free(AotpackTensor tensor);
 
 namespace aotpack {
 
+/// How Model::load verifies and places a model (the C API's AotpackLoadOptions).
+struct LoadOptions {
+  /// Cores the kernels may use; 0 = the limit recorded at build time.
+  int32_t device_limit = 0;
+  /// Ed25519 public keys (PEM file paths), in addition to AOTPACK_TRUSTED_KEYS's.
+  std::vector<std::string> trusted_keys;
+  /// Read and check every byte of the archive even when its extraction-cache entry exists.
+  bool verify_archive = false;
+  /// Refuse the load unless trusted keys are set (so a valid signature is required).
+  bool require_signature = false;
+  /// CPU ids of the core partition the model's threads run on; empty = not pinned.
+  std::vector<int32_t> cores;
+};
+
 /// A loaded .aotpack model. Move-only; destroying it unloads model.so and removes the
 /// private folder the archive was extracted to.
 ///
@@ -180,6 +216,8 @@ class AOTPACK_EXPORT Model {
   /// device_limit: cores the kernels may use, 0 = the limit recorded at build time.
   /// Throws aotpack::Error naming the archive and the problem.
   static Model load(const std::string& archive_path, int32_t device_limit = 0);
+  /// load() with options (LoadOptions). Throws aotpack::Error as load().
+  static Model load(const std::string& archive_path, const LoadOptions& options);
 
   /// Run once. inputs: CPU tensors in manifest order whose dtype and shape match inputs()
   /// exactly; strides that differ from the manifest are copied into its layout first.
