@@ -66,8 +66,12 @@ std::string format_cores(const std::vector<int32_t>& sorted_cores) {
   for (size_t i = 0; i < sorted_cores.size();) {
     size_t j = i;
     while (j + 1 < sorted_cores.size() && sorted_cores[j + 1] == sorted_cores[j] + 1) ++j;
-    out += (out.empty() ? "" : ",") + std::to_string(sorted_cores[i]);
-    if (j > i) out += "-" + std::to_string(sorted_cores[j]);
+    if (!out.empty()) out += ',';
+    out += std::to_string(sorted_cores[i]);
+    if (j > i) {
+      out += '-';
+      out += std::to_string(sorted_cores[j]);
+    }
     i = j + 1;
   }
   return out;
