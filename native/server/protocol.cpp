@@ -26,7 +26,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 std::string type_of(const json& value) {
   if (value.is_number_float()) return "a floating-point number";
   if (value.is_number()) return "an integer";
-  return std::string("a ") + value.type_name();
+  const std::string name = value.type_name();
+  return (value.is_object() || value.is_array() ? "an " : "a ") + name;
 }
 
 // The JSON part: the whole body, or its first Inference-Header-Content-Length bytes.
