@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <set>
 
 namespace aotpack::serve {
@@ -59,10 +60,9 @@ json parse_json(const std::string& body, size_t length) {
 const json& field(const json& object, const char* key, json::value_t type, const std::string& where) {
   auto it = object.find(key);
   if (it == object.end()) bad_request(where + " has no '" + key + "'");
-  const bool ok = type == json::value_t::number_unsigned ? it->is_number_integer() : it->type() == type;
-  if (!ok) {
+  if (it->type() != type) {
     const char* want = type == json::value_t::array ? "an array" : type == json::value_t::string ? "a string"
-                       : type == json::value_t::object ? "an object" : "an integer";
+                                                                                                : "an object";
     bad_request(where + ": '" + key + "' must be " + want + ", got " + type_of(*it));
   }
   return *it;
@@ -90,6 +90,15 @@ void fill_from_json(const json& data, const std::string& label, const std::strin
       bad_request(label + ": element " + std::to_string(count) + " of 'data' is " + type_of(value) +
                   ", expected " + (std::is_same_v<T, bool> ? "a boolean" : std::is_integral_v<T> ? "an integer" : "a number") +
                   " for " + datatype);
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      const bool fits = value.is_number_unsigned()
+                            ? value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                            : value.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                  value.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
+      if (!fits)
+        bad_request(label + ": element " + std::to_string(count) + " of 'data' is " + value.dump() +
+                    ", out of range for " + datatype);
+    }
     if (count < numel) {
       if constexpr (std::is_same_v<T, bool>) out[count] = value.get<bool>();
       else if constexpr (std::is_integral_v<T>) out[count] = static_cast<T>(value.get<int64_t>());
