@@ -295,9 +295,10 @@ def test_sigterm_drains_in_flight_requests(archives, tmp_path):
 
 def test_bounded_connections_answer_503(archives, tmp_path):
     repository = make_repository(tmp_path / "models", {"mlp": archives["mlp"]}, broken=False)
-    server = Server(repository, "--http-threads", "2", "--max-connections", "2", "--timeout-s", "3")
-    idle = [socket.create_connection(("localhost", server.port)) for _ in range(4)]  # 2 served, 2 waiting
-    time.sleep(0.3)
+    server = Server(repository, "--http-threads", "2", "--max-connections", "2", "--timeout-s", "5")
+    # Two idle connections hold the two threads, two more wait: they are accepted first (the
+    # listen queue is FIFO), so the next connection is answered 503 at once.
+    idle = [socket.create_connection(("localhost", server.port)) for _ in range(4)]
     assert server.request("GET", "/v2/health/live") == (
         503, {"error": "the server is busy: 2 connections are being served and 2 wait "
                        "(--http-threads, --max-connections); retry later"})

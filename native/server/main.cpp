@@ -186,15 +186,22 @@ thread_local bool t_overflow = false;
 // connections costs threads and memory in proportion to these bounds only.
 class BoundedPool final : public httplib::TaskQueue {
  public:
-  BoundedPool(size_t threads, size_t max_waiting) : max_waiting_(max_waiting) {
+  BoundedPool(size_t threads, size_t max_waiting) : capacity_(threads + max_waiting), max_waiting_(max_waiting) {
     for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(jobs_, false); });
     threads_.emplace_back([this] { work(overflow_, true); });
   }
 
   void enqueue(std::function<void()> fn) override {
     std::unique_lock<std::mutex> lock(mutex_);
-    space_.wait(lock, [&] { return jobs_.size() < max_waiting_ || overflow_.size() < max_waiting_ || shutdown_; });
-    (jobs_.size() < max_waiting_ ? jobs_ : overflow_).push_back(std::move(fn));
+    // Counted as in service from the moment it is queued, so the lane does not depend on how
+    // soon a thread picks a connection up.
+    space_.wait(lock, [&] { return admitted_ < capacity_ || overflow_.size() < max_waiting_ || shutdown_; });
+    if (admitted_ < capacity_) {
+      ++admitted_;
+      jobs_.push_back(std::move(fn));
+    } else {
+      overflow_.push_back(std::move(fn));
+    }
     lock.unlock();
     ready_.notify_all();
   }
@@ -221,13 +228,20 @@ class BoundedPool final : public httplib::TaskQueue {
         fn = std::move(queue.front());
         queue.pop_front();
       }
-      space_.notify_one();
+      if (overflow) space_.notify_one();
       fn();
+      if (!overflow) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --admitted_;
+      }
+      if (!overflow) space_.notify_one();
     }
   }
 
+  const size_t capacity_;  // threads + max_waiting: connections the serving lane admits
   const size_t max_waiting_;
   std::mutex mutex_;
+  size_t admitted_ = 0;  // connections queued or being served in the serving lane
   std::condition_variable ready_, space_;
   std::deque<std::function<void()>> jobs_, overflow_;
   bool shutdown_ = false;
