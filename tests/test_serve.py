@@ -217,9 +217,14 @@ def test_hostile_requests_get_protocol_errors(server):
         ("/v2/models/mlp/versions/7/ready", "", {}, 404, "model 'mlp' has no version '7' (it has 1)"),
         ("/v2/nope", "", {}, 404, "no such endpoint: GET /v2/nope"),
     ]
+    series = 'aotpack_inference_failures_total{model="mlp",version="1"}'
+    failures = _metric(_metrics(server), series)
     for path, body, headers, status, message in cases:
         method = "GET" if path.endswith(("ready", "nope")) else "POST"
         assert server.request(method, path, body, headers) == (status, {"error": message}), path
+    # Every 400 of an mlp inference is counted (the 413 never reaches the model's handler).
+    counted = sum(path == "/v2/models/mlp/infer" and status == 400 for path, _, _, status, _ in cases)
+    assert _metric(_metrics(server), series) == failures + counted
     status, reply = server.request("POST", "/v2/models/broken/infer", "{}")
     assert status == 503 and reply["error"].startswith("model 'broken' version 1 is not ready: cannot load")
     assert server.client().is_server_live()  # none of it took the server down
@@ -327,3 +332,19 @@ def test_installed_prefix_serves_without_python(archives, tmp_path):
     check = parity.compare([y], reference)
     assert check.ok, check.problems
     assert server.stop() == 0
+
+
+def test_aotpack_serve_launches_the_binary(tmp_path):
+    import sys
+
+    cli = [sys.executable, "-m", "aotpack.cli", "serve"]
+    done = subprocess.run([*cli, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: aotpack-serve MODEL_DIR")
+    done = subprocess.run([*cli, tmp_path], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AOTPACK_SERVE": str(tmp_path / "nope")})
+    assert (done.returncode, done.stderr) == (
+        1, f"aotpack: error: AOTPACK_SERVE={tmp_path / 'nope'} is not an executable file; point it at "
+           "aotpack-serve or unset it\n")
+    done = subprocess.run([*cli, tmp_path / "missing", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (1, f"aotpack-serve: error: MODEL_DIR '{tmp_path / 'missing'}' "
+                                                 "is not a folder\n")

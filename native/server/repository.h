@@ -94,8 +94,8 @@ class Repository {
  public:
   /// Scans `root` (MODEL_DIR/<name>/<version>/ with one .aotpack per version folder; version
   /// folders are positive integers, other entries are skipped with a line on stderr) and
-  /// loads each version. Throws HttpError-free std::runtime_error only when `root` is not a
-  /// readable folder.
+  /// loads each version; a version that fails to load is kept, not ready. Throws
+  /// std::runtime_error only when `root` is not a readable folder.
   Repository(const std::string& root, const std::vector<std::vector<int32_t>>& partitions,
              size_t max_queue);
 
