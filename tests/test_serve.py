@@ -298,6 +298,26 @@ def test_sigterm_drains_in_flight_requests(archives, tmp_path):
     assert set(outcomes) <= {"ok", "503 the server is shutting down", "disconnected"}, outcomes
 
 
+def test_sigterm_during_the_load_stops_cleanly(archives, tmp_path):
+    repository = make_repository(tmp_path / "models", archives, broken=False)
+    process = subprocess.Popen([find_server(), repository, "--port", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    blocked = 0
+    while not blocked & (1 << (signal.SIGTERM - 1)):  # the server has blocked SIGTERM: it is in main()
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        blocked = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    process.send_signal(signal.SIGTERM)  # pending while the models load, taken once it listens
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # the bug: httplib's stop() before listen() did nothing
+        process.kill()
+        process.communicate()
+        raise
+    assert process.returncode == 0, err
+    assert err.endswith("aotpack-serve: signal 15: draining 0 in-flight request(s)\n"
+                        "aotpack-serve: stopped (0 request(s) still in flight)\n")
+
+
 def test_bounded_connections_answer_503(archives, tmp_path):
     repository = make_repository(tmp_path / "models", {"mlp": archives["mlp"]}, broken=False)
     server = Server(repository, "--http-threads", "2", "--max-connections", "2", "--timeout-s", "5")

@@ -347,7 +347,10 @@ class Server {
     return static_cast<int>(opt_.port);
   }
 
-  void listen() { http_.listen_after_bind(); }
+  void listen() {
+    http_.listen_after_bind();
+    listen_returned_ = true;
+  }
 
   /// SIGTERM: new inference requests get 503, readiness turns false; waits up to the drain
   /// timeout for the in-flight ones, then stops listening. Returns how many were in flight.
@@ -358,6 +361,9 @@ class Server {
     std::unique_lock<std::mutex> lock(drain_mutex_);
     drained_.wait_until(lock, deadline, [this] { return in_flight_.load() == 0; });
     lock.unlock();
+    // httplib's stop() does nothing before listen() has started: a signal that came during
+    // the models' load is taken as soon as the server runs.
+    while (!http_.is_running() && !listen_returned_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     http_.stop();
     return in_flight;
   }
@@ -435,6 +441,7 @@ class Server {
   Repository& repo_;
   httplib::Server http_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> listen_returned_{false};
   std::atomic<int> in_flight_{0};
   std::mutex drain_mutex_;
   std::condition_variable drained_;
@@ -449,14 +456,17 @@ void keep_freed_memory() {
 #endif
 }
 
+// SIGTERM and SIGINT, taken by one thread with sigwait.
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
 int serve(const Options& opt) {
-  // SIGTERM/SIGINT are taken by one thread with sigwait: blocked here, before any thread
-  // starts, so every thread inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = stop_signal_set();
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
 
   const std::vector<std::vector<int32_t>> cores = partitions(opt);
@@ -498,6 +508,10 @@ int serve(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Blocked first, before any thread starts (every thread inherits the mask) and before the
+  // models load: a SIGTERM during the load is taken once the server runs, and drains.
+  const sigset_t stop_signals = stop_signal_set();
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   keep_freed_memory();
   try {
     const Options opt = parse_args(argc, argv);
