@@ -228,13 +228,15 @@ class BoundedPool final : public httplib::TaskQueue {
         fn = std::move(queue.front());
         queue.pop_front();
       }
-      if (overflow) space_.notify_one();
-      fn();
+      if (overflow) space_.notify_one();  // its queue has room again
+      fn();                               // serves the connection until it closes
       if (!overflow) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        --admitted_;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          --admitted_;
+        }
+        space_.notify_one();
       }
-      if (!overflow) space_.notify_one();
     }
   }
 
