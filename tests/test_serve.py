@@ -318,6 +318,34 @@ def test_sigterm_during_the_load_stops_cleanly(archives, tmp_path):
                         "aotpack-serve: stopped (0 request(s) still in flight)\n")
 
 
+def test_a_full_queue_answers_503(archives, tmp_path):
+    repository = make_repository(tmp_path / "models", {"transformer_block": archives["transformer_block"]},
+                                 broken=False)
+    server = Server(repository, "--instances", "1", "--max-queue", "1")
+    _, inputs = eager_outputs(MODEL_FILES["transformer_block"])
+    x = inputs[0].numpy()
+    outcomes, start = Counter(), threading.Barrier(8)
+
+    def one_request():
+        client = server.client()
+        start.wait()  # eight at once: one runs, one waits, the rest find the queue full
+        try:
+            client.infer("transformer_block", [infer_input("x", x, True)])
+            outcomes["ok"] += 1
+        except tritonclient.InferenceServerException as e:
+            outcomes[f"{e.status()} {e.message()}"] += 1
+
+    threads = [threading.Thread(target=one_request) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    full = ("503 model 'transformer_block' version 1: 1 request(s) already waiting (--max-queue 1); "
+            "retry later")
+    assert set(outcomes) == {"ok", full} and outcomes["ok"] >= 2, outcomes
+    assert server.stop() == 0
+
+
 def test_bounded_connections_answer_503(archives, tmp_path):
     repository = make_repository(tmp_path / "models", {"mlp": archives["mlp"]}, broken=False)
     server = Server(repository, "--http-threads", "2", "--max-connections", "2", "--timeout-s", "5")

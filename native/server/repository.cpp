@@ -132,7 +132,7 @@ size_t ModelVersion::acquire() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (waiting_ >= max_queue_ && free_.empty())
     throw HttpError(503, "model '" + name() + "' version " + version() + ": " + std::to_string(waiting_) +
-                             " requests are already waiting (--max-queue " + std::to_string(max_queue_) +
+                             " request(s) already waiting (--max-queue " + std::to_string(max_queue_) +
                              "); retry later");
   const uint64_t ticket = next_ticket_++;
   ++waiting_;
