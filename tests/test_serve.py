@@ -52,11 +52,14 @@ def make_repository(root: Path, archives: dict[str, Path], broken: bool = True) 
 class Server:
     """A running aotpack-serve on a free port; its stderr goes to a file."""
 
+    started: list[Server] = []  # every one, so a failed test leaves none running
+
     def __init__(self, repository: Path, *args: str, binary: Path | None = None, env: dict | None = None):
         self.log = repository.with_name(repository.name + ".log")
         with open(self.log, "w") as log:
             self.process = subprocess.Popen([binary or find_server(), repository, "--port", "0", *args],
                                             stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        Server.started.append(self)
         ready, _, _ = select.select([self.process.stdout], [], [], 60)
         line = self.process.stdout.readline() if ready else ""
         assert line.startswith("port="), f"no port line: {line!r}\n{self.log.read_text()}"
@@ -78,6 +81,17 @@ class Server:
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def no_server_left_running():
+    """Kills the servers a test started and did not stop (it failed first)."""
+    before = len(Server.started)
+    yield
+    for left in Server.started[before:]:
+        if left.process.poll() is None:
+            left.process.kill()
+            left.process.wait()
 
 
 @pytest.fixture(scope="module")
