@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-SYSTEM_PACKAGES := g++ cmake make pkg-config libarchive-dev libzstd-dev nlohmann-json3-dev libssl-dev python3-dev
+SYSTEM_PACKAGES := g++ cmake make pkg-config libarchive-dev libzstd-dev nlohmann-json3-dev libssl-dev libcpp-httplib-dev python3-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TORCH_CMAKE = $(shell $(PY) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 
@@ -49,7 +49,7 @@ sysdeps:
 
 runtime: venv sysdeps
 	cmake -S native -B native/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(TORCH_CMAKE)" \
-	  -DPython3_EXECUTABLE="$(abspath $(PY))" -DAOTPACK_REQUIRE_PYTHON_BINDING=ON >/dev/null
+	  -DPython3_EXECUTABLE="$(abspath $(PY))" -DAOTPACK_REQUIRE_PYTHON_BINDING=ON -DAOTPACK_REQUIRE_SERVER=ON >/dev/null
 	cmake --build native/build -j2
 
 clean:

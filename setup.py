@@ -30,6 +30,8 @@ BINDING_PACKAGE = "python3-dev"
 TARGETS = ("aotpack_runtime", "aotpack-run")
 #: aotpack.load's per-call extension (native/python/binding.cpp), built where Python's headers are.
 BINDING_TARGET = "aotpack_binding"
+#: The inference server (native/server/), built where cpp-httplib is (libcpp-httplib-dev).
+SERVER_TARGET = "aotpack-serve"
 
 
 def _run(command: list[str], what: str) -> None:
@@ -64,13 +66,17 @@ def build_native_runtime(package_dir: Path) -> None:
         if not binding:
             print(f"aotpack: Python's headers not found, so no _aotpack_binding: aotpack.load will call "
                   f"through ctypes (~2.5 us more per call); install {BINDING_PACKAGE} for it", file=sys.stderr)
-        targets = [*TARGETS, *([BINDING_TARGET] if binding else [])]
+        # aotpack-serve only where CMake found cpp-httplib (`aotpack serve` says how to get it)
+        server = "CPPHTTPLIB_FOUND:INTERNAL=1" in (Path(build) / "CMakeCache.txt").read_text()
+        targets = [*TARGETS, *([BINDING_TARGET] if binding else []), *([SERVER_TARGET] if server else [])]
         _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 1), "--target", *targets], "build")
         (package_dir / "lib").mkdir(parents=True, exist_ok=True)
         (package_dir / "bin").mkdir(parents=True, exist_ok=True)
         # The SONAME file, dereferenced (wheels hold no symlinks); aotpack-run asks for it.
         shutil.copyfile(Path(build) / "libaotpack_runtime.so.0", package_dir / "lib" / "libaotpack_runtime.so.0")
         shutil.copy2(Path(build) / "aotpack-run", package_dir / "bin" / "aotpack-run")
+        if server:
+            shutil.copy2(Path(build) / SERVER_TARGET, package_dir / "bin" / SERVER_TARGET)
         for module in Path(build).glob("_aotpack_binding*.so"):  # next to the library it calls
             shutil.copy2(module, package_dir / "lib" / module.name)
 

@@ -3,7 +3,8 @@
 Commands: build (export, fuse, autotune, package), run (the native runtime), inspect
 (manifest and autotune report), verify (reading rules, signature; with --run native load
 and stored self-test), diff (compare two archives), sign (Ed25519-sign an archive), keygen
-(make a signing key pair), cache (list or prune the runtime's extraction cache).
+(make a signing key pair), cache (list or prune the runtime's extraction cache),
+serve (aotpack-serve: a model repository over HTTP).
 """
 from __future__ import annotations
 
@@ -104,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("b", metavar="B")
     d.add_argument("--json", action="store_true", help="print the differences as JSON")
 
+    sub.add_parser("serve", add_help=False,
+                   help="serve a model repository over HTTP with the KServe v2 protocol: runs the "
+                        "native aotpack-serve with these arguments (aotpack serve --help)")
     i = sub.add_parser("inspect", help="print an archive's signature, kernel table (autotune) and extern calls")
     i.add_argument("archive")
     i.add_argument("--json", action="store_true",
@@ -241,9 +245,29 @@ def _stop_on_terminate() -> None:
             pass
 
 
+def _serve(arguments: list[str]) -> int:
+    """``aotpack serve ARGS``: replaces this process with ``aotpack-serve ARGS`` (no Python
+    stays between the server and its signals); returns 1 when the binary is not found."""
+    import os
+
+    from aotpack.runtime import find_server
+
+    try:
+        server = find_server()
+    except AotpackError as exc:
+        print(f"aotpack: error: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(server, [str(server), *arguments])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``aotpack`` command; returns the exit status (0 ok, 1 user error,
     2 internal error, 130 interrupted)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        return _serve(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")

@@ -26,6 +26,8 @@ ENV_COMPILE_THREADS = "AOTPACK_COMPILE_THREADS"
 ENV_DEBUG = "AOTPACK_DEBUG"
 ENV_RUNTIME = "AOTPACK_RUNTIME"
 ENV_RUNTIME_LIB = "AOTPACK_RUNTIME_LIB"
+#: The aotpack-serve binary ``aotpack serve`` runs (default: found as aotpack-run is).
+ENV_SERVER = "AOTPACK_SERVE"
 #: ``ctypes``: aotpack.load calls the runtime through ctypes even where ``_aotpack_binding`` is built.
 ENV_BINDING = "AOTPACK_BINDING"
 ENV_RETUNE = "AOTPACK_RETUNE"

@@ -49,6 +49,7 @@ import logging
 import os
 import sysconfig
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -196,6 +197,7 @@ def _library() -> ctypes.CDLL:
                 "aotpack_model_free": (None, [p]),
                 "aotpack_model_manifest_json": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
                 "aotpack_model_name": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
+                "aotpack_model_warnings": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
                 "aotpack_model_version": (i32, [p, ctypes.POINTER(ctypes.c_char_p)]),
                 "aotpack_model_num_inputs": (i32, [p, ctypes.POINTER(i64)]),
                 "aotpack_model_num_outputs": (i32, [p, ctypes.POINTER(i64)]),
@@ -395,7 +397,8 @@ class Model:
 
     def __init__(self, path: str | Path, device_limit: int | None = None, *,
                  trusted_keys: Sequence[str | Path] = (), verify_archive: bool = False,
-                 require_signature: bool = False, private_extraction: bool = False):
+                 require_signature: bool = False, private_extraction: bool = False,
+                 cores: Sequence[int] | str = ()):
         if device_limit is None:
             device_limit = 0
         elif isinstance(device_limit, bool) or not isinstance(device_limit, int) or device_limit < 1:
@@ -409,6 +412,10 @@ class Model:
                                num_trusted_keys=len(keys), verify_archive=int(bool(verify_archive)),
                                require_signature=int(bool(require_signature)),
                                private_extraction=int(bool(private_extraction)))
+        core_ids = _core_ids(cores)
+        if core_ids:
+            options.cores = (ctypes.c_int32 * len(core_ids))(*core_ids)
+            options.num_cores = len(core_ids)
         handle = ctypes.c_void_p()
         if self._lib.aotpack_model_load_with(os.fsencode(self.path), ctypes.byref(options),
                                              ctypes.byref(handle)):
@@ -418,6 +425,8 @@ class Model:
             self._describe(handle)
             #: How the archive was signed, as checked at load (None: unsigned).
             self.signature: Signature | None = _signature(self._lib, handle)
+            for line in filter(None, self._text(handle, "warnings").split("\n")):
+                warnings.warn(line, RuntimeWarning, stacklevel=3)
         except BaseException:  # nothing else holds the handle yet
             self._lib.aotpack_model_free(handle)
             raise
@@ -639,9 +648,26 @@ def _to_torch(pointers: list[int]) -> list[torch.Tensor]:
     return tensors
 
 
+def _core_ids(cores: Sequence[int] | str) -> list[int]:
+    """``cores`` as a list of CPU ids: a sequence of ints or a cpulist string ("0-3,6")."""
+    if isinstance(cores, str):
+        ids = []
+        try:
+            for part in filter(None, cores.split(",")):
+                first, _, last = part.partition("-")
+                ids += range(int(first), int(last or first) + 1)
+        except ValueError:
+            raise AotpackError(f"cores must be CPU ids like '0-3,6', got {cores!r}") from None
+        return ids
+    if any(isinstance(c, bool) or not isinstance(c, int) for c in cores):
+        raise AotpackError(f"cores must be CPU ids (ints), got {list(cores)!r}")
+    return list(cores)
+
+
 def load(path: str | Path, device_limit: int | None = None, *,
          trusted_keys: Sequence[str | Path] = (), verify_archive: bool = False,
-         require_signature: bool = False, private_extraction: bool = False) -> Model:
+         require_signature: bool = False, private_extraction: bool = False,
+         cores: Sequence[int] | str = ()) -> Model:
     """Verify, extract and load an archive into this process (libaotpack_runtime).
 
     Args:
@@ -655,10 +681,15 @@ def load(path: str | Path, device_limit: int | None = None, *,
             AOTPACK_REQUIRE_SIGNATURE=1). ``Model.signature`` says how it was signed.
         private_extraction: extract to a private folder removed when the model is freed;
             the extraction cache is neither read nor written (a build's check of its archive).
+        cores: a core partition (CPU ids, or a cpulist such as "0-3"): the model's runs
+            execute on a thread of its own pinned to these cores, and its kernels and ATen's
+            intra-op threads (that thread's OpenMP team) use exactly that many threads, on
+            them only. The device limit is their number; an archive tuned for another
+            ``--device-limit`` loads with a RuntimeWarning. Empty = not pinned.
 
     Raises:
         AotpackError: the runtime library is missing (the message says how to build it)
             or the archive fails a check (checksums, torch version, CPU features, ABI).
     """
     return Model(path, device_limit, trusted_keys=trusted_keys, verify_archive=verify_archive,
-                 require_signature=require_signature, private_extraction=private_extraction)
+                 require_signature=require_signature, private_extraction=private_extraction, cores=cores)

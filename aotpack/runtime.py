@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from aotpack.config import ENV_RUNTIME, ENV_RUNTIME_LIB
+from aotpack.config import ENV_RUNTIME, ENV_RUNTIME_LIB, ENV_SERVER
 from aotpack.errors import AotpackError
 from aotpack.package import read_manifest
 
@@ -32,18 +32,35 @@ def find_runtime() -> Path:
     Raises:
         AotpackError: not found; the message says how to build it.
     """
-    chosen = os.environ.get(ENV_RUNTIME)
+    return _find_tool("aotpack-run", ENV_RUNTIME, "native runtime")
+
+
+def find_server() -> Path:
+    """Path of ``aotpack-serve``: ``$AOTPACK_SERVE``, ``native/build/``, the installed
+    package's ``bin/``, then ``PATH`` (as :func:`find_runtime`).
+
+    Raises:
+        AotpackError: not found; the message says how to build it (it needs cpp-httplib).
+    """
+    return _find_tool("aotpack-serve", ENV_SERVER, "inference server")
+
+
+def _find_tool(tool: str, env: str, what: str) -> Path:
+    """``$env`` (must be executable), the checkout's ``native/build/``, the package's
+    ``bin/``, then ``PATH``."""
+    chosen = os.environ.get(env)
     if chosen:
         if Path(chosen).is_file() and os.access(chosen, os.X_OK):
             return Path(chosen)
-        raise AotpackError(f"{ENV_RUNTIME}={chosen} is not an executable file; point it at aotpack-run "
+        raise AotpackError(f"{env}={chosen} is not an executable file; point it at {tool} "
                            f"or unset it")
-    candidates = [str(CHECKOUT / "native" / "build" / "aotpack-run"), str(PACKAGE / "bin" / "aotpack-run"),
-                  shutil.which("aotpack-run")]
+    candidates = [str(CHECKOUT / "native" / "build" / tool), str(PACKAGE / "bin" / tool),
+                  shutil.which(tool)]
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)
-    raise AotpackError(f"native runtime aotpack-run not found; {BUILD_HINT}")
+    hint = " (the server also needs libcpp-httplib-dev)" if tool == "aotpack-serve" else ""
+    raise AotpackError(f"{what} {tool} not found; {BUILD_HINT}{hint}")
 
 
 def find_runtime_library() -> Path:

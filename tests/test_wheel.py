@@ -49,6 +49,8 @@ def test_wheel_is_platform_specific_and_holds_the_runtime(installed):
             "aotpack/templates/model.cpp.j2", "aotpack/include/kernel_abi.h"} <= names
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     assert f"aotpack/lib/_aotpack_binding{suffix}" in names
+    httplib = subprocess.run(["pkg-config", "--exists", "cpp-httplib"]).returncode == 0
+    assert ("aotpack/bin/aotpack-serve" in names) == httplib  # built where cpp-httplib is
 
 
 def test_installed_copy_builds_and_runs_without_the_checkout(installed, tmp_path, cache_dir):

@@ -104,7 +104,7 @@ int32_t aotpack_model_load(const char* archive, int32_t device_limit, aotpack_mo
     checked_out(out);
     *out = nullptr;
     if (archive == nullptr) fail("NULL archive path");
-    *out = new aotpack_model{aotpack::Model::load(archive, device_limit)};
+    *out = aotpack::detail::new_model_handle(aotpack::Model::load(archive, device_limit));
   });
 }
 
@@ -114,7 +114,7 @@ int32_t aotpack_model_load_with(const char* archive, const AotpackLoadOptions* o
     checked_out(out);
     *out = nullptr;
     if (archive == nullptr) fail("NULL archive path");
-    *out = new aotpack_model{aotpack::Model::load(archive, load_options(options))};
+    *out = aotpack::detail::new_model_handle(aotpack::Model::load(archive, load_options(options)));
   });
 }
 
@@ -140,6 +140,13 @@ int32_t aotpack_model_run(aotpack_model_t* model, const AotpackTensor* inputs, i
 
 int32_t aotpack_model_name(const aotpack_model_t* model, const char** out) {
   return guarded([&] { *checked_out(out) = model_of(model).name().c_str(); });
+}
+
+int32_t aotpack_model_warnings(const aotpack_model_t* model, const char** out) {
+  return guarded([&] {
+    model_of(model);
+    *checked_out(out) = model->warnings.c_str();
+  });
 }
 
 int32_t aotpack_model_version(const aotpack_model_t* model, const char** out) {

@@ -10,7 +10,20 @@
 
 struct aotpack_model {
   aotpack::Model model;
+  std::string warnings;  // model.warnings(), one per line (aotpack_model_warnings)
 };
+
+namespace aotpack::detail {
+
+/// The C handle of a loaded model, its warnings joined for aotpack_model_warnings.
+inline aotpack_model* new_model_handle(aotpack::Model model) {
+  auto* handle = new aotpack_model{std::move(model), {}};
+  for (const std::string& w : handle->model.warnings())
+    handle->warnings += (handle->warnings.empty() ? "" : "\n") + w;
+  return handle;
+}
+
+}  // namespace aotpack::detail
 
 namespace aotpack::detail {
 

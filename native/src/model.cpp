@@ -11,6 +11,7 @@
 
 #include "aotpack/runtime.h"
 #include "compat.h"
+#include "core_runner.h"
 #include "cores.h"
 #include "extraction.h"
 #include "host.h"
@@ -200,7 +201,11 @@ void check_output(const at::Tensor& t, size_t i, const TensorSpec& spec) {
 
 // Hidden: only Model's own members are the library's interface.
 struct __attribute__((visibility("hidden"))) Model::Impl {
+  // With a core set, every create and run happens on this pinned thread (core_runner.h);
+  // declared first so it is joined after everything below is gone.
+  std::unique_ptr<detail::CoreRunner> runner;
   std::string archive_path;
+  std::vector<std::string> warnings;  // Model::warnings()
   detail::Manifest manifest;
   std::vector<at::Tensor> constants;  // manifest order; model.so borrows them
   detail::Extraction dir;  // the verified files; see extraction.h
@@ -217,7 +222,22 @@ struct __attribute__((visibility("hidden"))) Model::Impl {
   void load(const LoadOptions& options);
   void create_instance(int32_t device_limit);
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> run_here(const std::vector<at::Tensor>& inputs);
 };
+
+namespace {
+
+// The device limit of a core partition: its size. An explicit device_limit must agree.
+int32_t partition_limit(const LoadOptions& options) {
+  const auto size = static_cast<int32_t>(options.cores.size());
+  if (options.device_limit != 0 && options.device_limit != size)
+    fail("device_limit " + std::to_string(options.device_limit) + " and a core set of " +
+         std::to_string(size) + " core(s) disagree: with cores the limit is their number " +
+         "(leave device_limit 0)");
+  return size;
+}
+
+}  // namespace
 
 void Model::Impl::load(const LoadOptions& options) {
   int32_t device_limit = options.device_limit;
@@ -228,7 +248,10 @@ void Model::Impl::load(const LoadOptions& options) {
   if ((options.require_signature || detail::signature_required_by_env()) && keys.empty())
     fail("a signature is required, but no trusted key is set (AOTPACK_TRUSTED_KEYS or "
          "--trusted-key)");
-  if (!options.cores.empty()) fail("core partitions (cores) are not supported yet");
+  if (!options.cores.empty()) {
+    device_limit = partition_limit(options);
+    runner = std::make_unique<detail::CoreRunner>(options.cores);  // checks the cores
+  }
   // 1. Verified entry by entry (the manifest and its signature before anything is written),
   //    streamed to a private folder, or a cache entry proven file by file; every .so passes
   //    check_elf.
@@ -251,7 +274,16 @@ void Model::Impl::load(const LoadOptions& options) {
   // Default: the build-time limit, capped by the cores available here.
   if (device_limit == 0 && manifest.device_limit > detail::available_cores())
     device_limit = detail::available_cores();
-  create_instance(device_limit);
+  if (!runner) {
+    create_instance(device_limit);
+  } else {
+    if (manifest.device_limit != device_limit)
+      warnings.push_back("'" + archive_path + "' was tuned for --device-limit " +
+                         std::to_string(manifest.device_limit) + " and is loaded on a partition of " +
+                         std::to_string(device_limit) + " core(s); its kernels may run slower: " +
+                         "rebuild it with --device-limit " + std::to_string(device_limit));
+    runner->call([&] { create_instance(device_limit); });  // load-time ATen work runs pinned too
+  }
   // 3. Every check passed: only now may a new extraction become the cache entry (the
   //    loaded libraries keep working when their folder is renamed).
   dir.publish();
@@ -270,6 +302,13 @@ void Model::Impl::create_instance(int32_t device_limit) {
 }
 
 std::vector<at::Tensor> Model::Impl::run(const std::vector<at::Tensor>& inputs) {
+  if (!runner) return run_here(inputs);
+  std::vector<at::Tensor> outputs;
+  runner->call([&] { outputs = run_here(inputs); });
+  return outputs;
+}
+
+std::vector<at::Tensor> Model::Impl::run_here(const std::vector<at::Tensor>& inputs) {
   const std::vector<TensorSpec>& in_specs = manifest.inputs;
   const std::vector<TensorSpec>& out_specs = manifest.outputs;
   if (inputs.size() != in_specs.size())
@@ -334,6 +373,10 @@ const std::vector<TensorSpec>& Model::inputs() const { return impl_->manifest.in
 const std::vector<TensorSpec>& Model::outputs() const { return impl_->manifest.outputs; }
 const std::string& Model::manifest_json() const { return impl_->manifest.text; }
 const std::string& Model::archive_path() const { return impl_->archive_path; }
+const std::vector<std::string>& Model::warnings() const { return impl_->warnings; }
+std::vector<int32_t> Model::cores() const {
+  return impl_->runner ? impl_->runner->cores() : std::vector<int32_t>{};
+}
 
 const SignatureInfo& Model::signature() const { return impl_->signature; }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <sched.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -25,7 +26,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: aotpack-run ARCHIVE INPUT.npy... [--output OUT.npz] [--bench N] [--warmup W]\n"
-    "                   [--device-limit C] [--trusted-key PUB.pem]... [--require-signature] [-v]\n"
+    "                   [--device-limit C] [--cores LIST] [--trusted-key PUB.pem]...\n"
+    "                   [--require-signature] [-v]\n"
     "       aotpack-run ARCHIVE --check [--trusted-key PUB.pem]... [--require-signature] [-v]\n"
     "\n"
     "Load a .aotpack archive, run it once on the given .npy inputs (manifest order) and\n"
@@ -44,6 +46,8 @@ constexpr char kUsage[] =
     "  --device-limit C   cores the model may use: fused kernels and ATen threads\n"
     "                     (default 0: the build-time limit for kernels, all for ATen);\n"
     "                     more than the cores available to this process is an error\n"
+    "  --cores LIST       run the model on this core partition (\"0-3\", \"0,2\"): its\n"
+    "                     threads are pinned there and the device limit is their number\n"
     "  --trusted-key PUB  require a valid Ed25519 signature by this public key (PEM);\n"
     "                     repeatable, adds to AOTPACK_TRUSTED_KEYS (colon-separated;\n"
     "                     set but naming no key is an error)\n"
@@ -69,6 +73,7 @@ struct Options {
   int64_t bench_runs = 0;
   int64_t warmup_runs = 10;
   int32_t device_limit = 0;
+  std::vector<int32_t> cores;
   std::vector<std::string> trusted_keys;
   bool help = false;
   bool check = false;
@@ -84,6 +89,22 @@ int64_t parse_count(const std::string& flag, const std::string& text, int64_t mi
     throw UsageError(flag + " expects an integer in [" + std::to_string(min) + ", " +
                      std::to_string(max) + "], got '" + text + "'");
   return value;
+}
+
+// A cpulist ("0-3,6") as CPU ids; the runtime checks them against the affinity mask.
+std::vector<int32_t> parse_cores(const std::string& text) {
+  std::vector<int32_t> cores;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string part = text.substr(at, comma - at);
+    const size_t dash = part.find('-');
+    const int64_t first = parse_count("--cores", part.substr(0, dash), 0, CPU_SETSIZE - 1);
+    const int64_t last = dash == std::string::npos ? first : parse_count("--cores", part.substr(dash + 1), first, CPU_SETSIZE - 1);
+    for (int64_t c = first; c <= last; ++c) cores.push_back(static_cast<int32_t>(c));
+    at = comma + 1;
+  }
+  return cores;
 }
 
 // "--flag value" or "--flag=value"; returns false when `arg` is not `flag`.
@@ -122,6 +143,8 @@ Options parse_args(int argc, char** argv) {
       opt.warmup_runs = parse_count("--warmup", value, 0, 100000000);
     } else if (take_value("--device-limit", argc, argv, &i, &value)) {
       opt.device_limit = static_cast<int32_t>(parse_count("--device-limit", value, 0, 1 << 20));
+    } else if (take_value("--cores", argc, argv, &i, &value)) {
+      opt.cores = parse_cores(value);
     } else if (take_value("--trusted-key", argc, argv, &i, &value)) {
       if (value.empty()) throw UsageError("--trusted-key needs a file name");
       opt.trusted_keys.push_back(value);
@@ -329,13 +352,15 @@ int run_tool(const Options& opt) {
   load_options.trusted_keys = opt.trusted_keys;
   load_options.require_signature = opt.require_signature;
   load_options.verify_archive = opt.check;  // --check reads every byte, cached or not
+  load_options.cores = opt.cores;
   const auto start = std::chrono::steady_clock::now();
   aotpack::Model model = aotpack::Model::load(opt.archive, load_options);
   const double load_ms = elapsed_us(start) / 1000.0;
   if (opt.verbose) std::printf("%s\n", signature_line(model.signature()).c_str());
   // The limit covers the whole model: fused kernels (via the model) and ATen's
-  // extern calls (its intra-op thread pool) alike.
-  if (opt.device_limit > 0) at::set_num_threads(opt.device_limit);
+  // extern calls (its intra-op thread pool) alike. A partition sets both on its own thread.
+  if (opt.device_limit > 0 && opt.cores.empty()) at::set_num_threads(opt.device_limit);
+  for (const std::string& w : model.warnings()) std::fprintf(stderr, "aotpack-run: warning: %s\n", w.c_str());
   stop_if_signalled();
   if (opt.check) {
     std::printf("ok: %s %s (loaded in %.1f ms)\n", model.name().c_str(), model.version().c_str(), load_ms);

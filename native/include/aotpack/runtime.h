@@ -77,6 +77,10 @@ AOTPACK_EXPORT int32_t aotpack_model_load_with(const char* archive,
                                                const AotpackLoadOptions* options,
                                                aotpack_model_t** out);
 
+/* Problems found at load that did not stop it (e.g. an archive tuned for --device-limit 2
+ * loaded on a 1-core partition), one per line; "" when none. Valid while the model lives. */
+AOTPACK_EXPORT int32_t aotpack_model_warnings(const aotpack_model_t* model, const char** out);
+
 /* Destroy the model instance, unload its libraries and remove its temp folder. NULL is ok. */
 AOTPACK_EXPORT void aotpack_model_free(aotpack_model_t* model);
 
@@ -282,6 +286,11 @@ class AOTPACK_EXPORT Model {
   const std::string& manifest_json() const;
   /// The path given to load().
   const std::string& archive_path() const;
+  /// Problems found at load that do not stop it, one line each (e.g. an archive tuned for
+  /// --device-limit 2 loaded on a 1-core partition).
+  const std::vector<std::string>& warnings() const;
+  /// The core partition the model's threads are pinned to (sorted), empty when not pinned.
+  std::vector<int32_t> cores() const;
   /// Counters since load (see AotpackRunStats).
   AotpackRunStats stats() const;
   /// Whether the archive was signed and by which key (see aotpack_model_signature).
