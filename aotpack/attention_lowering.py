@@ -92,7 +92,9 @@ def _softmax(node) -> tuple | None:
     if node.target is not aten.div.Tensor or len(node.args) != 2:
         return None
     exp, total = node.args
-    if getattr(exp, "target", None) is not aten.exp.default or getattr(total, "target", None) is not aten.sum.dim_IntList:
+    if getattr(exp, "target", None) is not aten.exp.default:
+        return None
+    if getattr(total, "target", None) is not aten.sum.dim_IntList:
         return None
     last = len(_val(node).shape) - 1
     if total.args[0] is not exp or list(total.args[1]) not in ([-1], [last]) or not total.args[2:3] == (True,):

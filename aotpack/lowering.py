@@ -20,7 +20,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import attention_lowering, bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops, pooling, views
+from aotpack import (attention_lowering, bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops,
+                     pooling, views)
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
