@@ -122,9 +122,14 @@ def test_tilings_default_first_unique_and_aligned(tmp_path):
     _, steps = _attention_steps(_model_file(tmp_path, b=1, h=6, m=197, n=197, d=64))
     kernel = steps[0].variants[-1].steps[0].kernel
     options = attention_template.solve(kernel, 2)
-    assert options[0] == AttentionTiling(block_dim=2, bm=64, bn=128, workspace=2 * 4 * (
-        64 * 128 + 64 * 128 + 64 * 64 + 3 * 64), vector_bytes=32)  # k block, scores, accumulators, row stats
-    assert options[0].tiling_repr == "cpu_attention;block_dim=2;bm=64;bn=128"
+    # all 197 rows an item (6 items, 3 per thread); a sub-block of 48 rows of scores, the item's accumulators
+    assert options[0] == AttentionTiling(block_dim=2, bm=198, bn=128, workspace=2 * 4 * (
+        64 * 128 + 48 * 128 + 198 * 64 + 3 * 208), vector_bytes=32)
+    assert options[0].tiling_repr == "cpu_attention;block_dim=2;bm=198;bn=128"
+    assert [(o.block_dim, o.bm, o.bn) for o in options] == [
+        (2, 198, 128), (1, 198, 128), (2, 48, 128), (2, 96, 128), (2, 198, 64), (2, 198, 256)]
+    _, two_heads = _attention_steps(_model_file(tmp_path, b=1, h=2, m=197, n=197, d=64))
+    assert attention_template.solve(two_heads[0].variants[-1].steps[0].kernel, 2)[0].bm == 102  # 4 items
     assert len(set(options)) == len(options) and all(o.bn % 64 == 0 for o in options)
     with pytest.raises(ValueError, match=r"attention_\d+: bn 48 must be a positive multiple of 64, bm 8 >= 1"):
         attention_template.tiling(kernel, 1, 8, 48)

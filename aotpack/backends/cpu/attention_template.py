@@ -27,6 +27,9 @@ from aotpack.render import render
 
 #: Keys per block must be a multiple of this (the score tile's width with AVX-512).
 KEY_ALIGN = 64
+#: Most query rows per item: its accumulators (``MAX_ROWS x dv`` floats, 64 KiB at dv 64) stay
+#: in L2 while each key block of ``k`` is packed once for all of them.
+MAX_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,22 @@ def pack_v(kernel: AttentionKernel) -> bool:
     return kernel.v.strides[-1] != 1 or kernel.dv % 16 != 0
 
 
+#: Query rows whose scores are computed at a time within an item (48 x 128 floats: 24 KiB, in L1).
+SUB_ROWS = 48
+
+
+def sub_rows(bm: int) -> int:
+    """Rows per score sub-block of an item of ``bm`` rows."""
+    return min(bm, SUB_ROWS)
+
+
 def slot_floats(kernel: AttentionKernel, bm: int, bn: int) -> int:
-    """Floats of one thread's workspace slot: ``k`` block, ``v`` block (if packed), scores,
-    accumulators and three per-row statistics, rounded up to 16 floats (64 bytes)."""
+    """Floats of one thread's workspace slot: ``k`` block, ``v`` block (if packed), a sub-block
+    of scores, the item's accumulators and three per-row statistics, rounded up to 16 floats
+    (64 bytes)."""
     dvp = _round16(kernel.dv)
-    return _round16(kernel.d * bn + (bn * dvp if pack_v(kernel) else 0) + bm * bn + bm * dvp + 3 * _round16(bm))
+    return _round16(kernel.d * bn + (bn * dvp if pack_v(kernel) else 0) + sub_rows(bm) * bn + bm * dvp
+                    + 3 * _round16(bm))
 
 
 def tiling(kernel: AttentionKernel, block_dim: int, bm: int, bn: int,
@@ -83,21 +97,22 @@ def solve(kernel: AttentionKernel, device_limit: int, count: int = MAX_TOPN,
           vector_bytes: int = VECTOR_BYTES) -> list[AttentionTiling]:
     """Candidate tilings of ``kernel``, the heuristic default first, at most ``count``.
 
-    The default: 64 query rows x 128 keys (at most the sequence, rounded up), all
-    ``device_limit`` threads unless the attention is under ``PARALLEL_MIN_FLOPS``, or there
-    are fewer items than threads at 64 rows, where the rows per item shrink to 32. Then one
-    knob at a time: the other thread count, 32 and 128 query rows, 64 and 256 keys.
+    The default: up to ``MAX_ROWS`` query rows per item (halved while there are fewer than
+    two items per thread, down to 32) x 128 keys (at most the sequence, rounded up to 64),
+    all ``device_limit`` threads unless the attention is under ``PARALLEL_MIN_FLOPS``. Then
+    one knob at a time: the other thread count, 48 and 96 query rows, 64 and 256 keys.
     """
     threads = 1 if kernel.flops < PARALLEL_MIN_FLOPS else max(1, device_limit)
     vector_bytes = tile_width(vector_bytes)
-    bm = _fit(64, kernel.m, 6)
-    if threads > 1 and kernel.batch * math.ceil(kernel.m / bm) < 2 * threads:
-        bm = _fit(32, kernel.m, 6)
+    # the most rows (each item packs every key block once), as long as every thread gets two items
+    bm = _fit(MAX_ROWS, kernel.m, 6)
+    while bm > 32 and kernel.batch * math.ceil(kernel.m / bm) < 2 * threads:
+        bm = _fit(-(-bm // 12) * 6, kernel.m, 6)
     bn = _fit(128, kernel.n, KEY_ALIGN)
     options = [tiling(kernel, threads, bm, bn, vector_bytes)]
     if device_limit > 1:
         options.append(tiling(kernel, device_limit if threads == 1 else 1, bm, bn, vector_bytes))
-    for other_bm in (32, 128):
+    for other_bm in (48, 96):
         options.append(tiling(kernel, threads, _fit(other_bm, kernel.m, 6), bn, vector_bytes))
     for other_bn in (64, 256):
         options.append(tiling(kernel, threads, bm, _fit(other_bn, kernel.n, KEY_ALIGN), vector_bytes))
@@ -132,7 +147,7 @@ def _float(value: float) -> str:
 
 
 def _mask_read(index: int, mask: AttentionOperand) -> str:
-    return f"mask{index}[i * {mask.strides[-2]} + (n0 + j) * {mask.strides[-1]}]"
+    return f"mask{index}[r * {mask.strides[-2]} + (n0 + j) * {mask.strides[-1]}]"
 
 
 def render_kernel(kernel: AttentionKernel, candidate: AttentionTiling) -> str:
@@ -152,7 +167,7 @@ def render_kernel(kernel: AttentionKernel, candidate: AttentionTiling) -> str:
         texts.append(op.format())
     return render("cpu_attention.cpp.j2", tiling_repr=candidate.tiling_repr, batch_shape=kernel.batch_shape,
                   batch=kernel.batch, m=kernel.m, n=kernel.n, d=kernel.d, dv=kernel.dv, dvp=_round16(kernel.dv),
-                  bm=candidate.bm, bn=candidate.bn, block_dim=candidate.block_dim, workspace=candidate.workspace,
+                  bm=candidate.bm, bn=candidate.bn, sub=sub_rows(candidate.bm), block_dim=candidate.block_dim, workspace=candidate.workspace,
                   vector_bytes=candidate.vector_bytes, slot_floats=slot_floats(kernel, candidate.bm, candidate.bn),
                   pack_v=pack_v(kernel), q=kernel.q, k=kernel.k, v=kernel.v, masks=masks, ops=lines,
                   ops_text="; ".join(texts) or "none", n_inputs=len(kernel.inputs),
