@@ -143,7 +143,7 @@ def _score_chain(node, user, shape) -> tuple | None:
     elif node.target is aten.where.self and len(node.args) == 3:
         cond, fill, chain = node.args
         value = _number(fill)
-        if value is not None and hasattr(chain, "op") and _val(cond).dtype == torch.bool:
+        if value is not None and hasattr(chain, "op") and hasattr(cond, "op") and _val(cond).dtype == torch.bool:
             candidates.append((chain, ("fill", value, cond)))
     for chain, op in candidates:
         found = _score_chain(chain, node, shape)

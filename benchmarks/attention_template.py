@@ -85,9 +85,11 @@ def measure(step, threads: int, rounds: int, work: Path) -> dict:
         launcher = compile_candidates(kernel, tilings, work / str(index))
         for buf in kernel.outputs:
             env.setdefault(id(buf), _empty(buf))
-        args = launcher.arguments([env.get(id(b), None) if id(b) in env else _empty(b)
-                                   for b in (*kernel.inputs, *kernel.outputs)])
+        # kept alive while the launches run: the arguments are raw pointers
+        tensors = [env[id(b)] if id(b) in env else _empty(b) for b in (*kernel.inputs, *kernel.outputs)]
+        args = launcher.arguments(tensors)
         times = {t.kernel_key: median_us(lambda k=t.kernel_key: launcher.launch(k, args), 5) for t in tilings}
+        del tensors
         launchers[kernel.kernel_id] = (launcher, min(times, key=times.get))
     variants = {}
     for variant in step.variants:

@@ -192,9 +192,18 @@ def _template_wins(functions):
     return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
 
 
-def _build_with_template(path, tmp_path, cache_dir):
+def _unfused_templates_win(functions):
+    """``autotune.time_functions`` stand-in: ``unfused:template+template`` (variant 3 of an
+    attention step of five) is fastest; for any other step the last variant."""
+    for fn in functions:
+        fn()
+    winner = 3 if len(functions) == 5 else len(functions) - 1
+    return fixed_timing([1.0 if i == winner else 2.0 for i in range(len(functions))])
+
+
+def _build_with_template(path, tmp_path, cache_dir, timing=_template_wins):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(autotune, "time_functions", _template_wins)
+        patch.setattr(autotune, "time_functions", timing)
         patch.setattr(gemm_cache, "read_all", lambda *args: {})
         patch.setattr(gemm_cache, "write_all", lambda *args: None)
         return build(path, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
@@ -211,6 +220,20 @@ def test_models_with_the_template_match_eager_natively(model, tmp_path, cache_di
     assert sum(1 for name in names if name.startswith("attention_")) == 1
     assert not any(name.startswith("fused_amax") or name.startswith("bmm_") and model != "attention_bmm"
                    for name in names)
+    assert_native_parity(result.archive, path, tmp_path, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.native
+def test_unfused_variant_winning_matches_eager_natively(tmp_path, cache_dir):
+    """The unfused variant's flattened steps (two bmm template kernels around the softmax
+    kernel) run as the step when they win."""
+    path = SAMPLES / "transformer_block.py"
+    result = _build_with_template(path, tmp_path, cache_dir, _unfused_templates_win)
+    assert [g["winner"] for g in result.manifest["gemms"] if g["kind"] == "attention"] == [
+        "unfused:template+template"]
+    names = [k["name"] for k in result.manifest["kernels"]]
+    assert sum(1 for name in names if name.startswith("bmm_")) == 2
+    assert not any(name.startswith("attention_") for name in names)
     assert_native_parity(result.archive, path, tmp_path, atol=1e-4, rtol=1e-4)
 
 
