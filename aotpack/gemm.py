@@ -25,6 +25,11 @@ buffer:
   (``kernel_ir.WinogradConvKernel``) on filters transformed at build time, bias and
   epilogue fused.
 
+An attention block (``attention_lowering``) is a step of kind ``attention`` whose variants
+are the unfused lowering, one per combination of its two bmm steps' variants
+(``unfused:aten+aten`` ...; those bmm steps are flattened into it), and ``template``,
+aotpack's fused attention kernel (``kernel_ir.AttentionKernel``).
+
 Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
 pick for the CPU they run on; the archive ships the dense weight (it is a constant
 anyway) and the model packs it once at load (``create``) with the same op the build
