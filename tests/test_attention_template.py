@@ -38,7 +38,7 @@ class Model(nn.Module):
         s = s / math.sqrt(D) if MASK != "add" else s * (1.0 / math.sqrt(D))
         if MASK in ("add", "padding"):
             s = s + mask[0]
-        elif MASK == "bool":
+        elif MASK in ("bool", "masked_row"):
             s = s.masked_fill(mask[0], float("-inf"))
         elif MASK == "causal":
             s = s + torch.full((M, N), float("-inf")).triu(1)
@@ -57,7 +57,12 @@ def example_inputs():
         return q, k, v, torch.randn(1, H, M, N, generator=g)
     if MASK == "bool":
         mask = torch.rand(B, 1, M, N, generator=g) > 0.7
-        mask[..., 0] = False  # no row fully masked (eager gives NaN there, as the kernel does)
+        mask[..., 0] = False  # no row fully masked
+        return q, k, v, mask
+    if MASK == "masked_row":  # query row 1 sees no key: eager's softmax gives NaN there, so must the kernel
+        mask = torch.rand(B, 1, M, N, generator=g) > 0.7
+        mask[..., 0] = False
+        mask[..., 1, :] = True
         return q, k, v, mask
     if MASK == "padding":  # DistilBERT's: the last keys of each sequence masked, same for every head and query
         mask = torch.zeros(B, 1, 1, N)
@@ -143,6 +148,8 @@ CASES = [  # (batch, heads, M, N, D, DV, mask)
     (2, 3, 7, 257, 64, 32, "bool"),
     (3, 2, 33, 130, 80, 80, "padding"),
     (1, 2, 65, 65, 32, 32, "causal"),
+    (1, 2, 19, 70, 32, 40, "none"),  # dv not a multiple of 16: v packed per key block
+    (2, 1, 5, 130, 32, 32, "masked_row"),
 ]
 
 
@@ -167,8 +174,9 @@ def test_every_tiling_matches_eager(case, tmp_path):
     for tiling in tilings:
         out = torch.full((b * h, m, dv), float("nan"))
         launcher.launch(tiling.kernel_key, [*tensors, out])
-        torch.testing.assert_close(out.view(expected.shape), expected, atol=ATOL, rtol=RTOL,
+        torch.testing.assert_close(out.view(expected.shape), expected, atol=ATOL, rtol=RTOL, equal_nan=True,
                                    msg=lambda text: f"{tiling}: {text}")
+    assert expected.isnan().any().item() == (mask == "masked_row")
 
 
 @pytest.mark.native
