@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from aotpack import autotune, backends, gemm_cache, lowering
+from aotpack import autotune, backends, gemm, gemm_cache, lowering, timing
 from aotpack.backends.cpu import attention_template
 from aotpack.backends.cpu.attention_template import AttentionTiling
 from aotpack.build import build, export_model
@@ -120,6 +120,20 @@ def test_masks_become_score_ops(tmp_path, mask, ops):
     assert [op.kind for op in kernel.ops] == ops
     strides = {"add": (0, 49, 7, 1), "bool": (49, 0, 7, 1), "padding": (7, 0, 0, 1), "causal": (0, 0, 7, 1)}
     assert kernel.ops[1].mask.strides == strides[mask]  # broadcast over [batch, heads, m, n]
+
+
+@pytest.mark.unit
+def test_a_close_call_goes_to_the_fused_kernel_then_the_unfused_templates():
+    """PGO's winner rule (``timing.decide``) with the attention variants' ranks: a variant
+    within the tie margin of a faster one is kept when it ranks first, so the all-template
+    unfused variant stays over ATen's when the two are within the noise."""
+    names = ["unfused:aten+aten", "unfused:aten+template", "unfused:template+aten", "unfused:template+template",
+             "template"]
+    ranks = [gemm.OWN_KERNEL_RANKS.get(name, len(gemm.OWN_KERNEL_RANKS)) for name in names]
+    close = timing.decide([fixed_timing([100.0, 101.0, 101.0, 100.5, 100.2])], ranks)
+    assert names[close.index] == "template"
+    fused_slow = timing.decide([fixed_timing([100.0, 101.0, 101.0, 100.5, 130.0])], ranks)
+    assert names[fused_slow.index] == "unfused:template+template"
 
 
 @pytest.mark.unit
