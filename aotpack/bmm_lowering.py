@@ -67,14 +67,32 @@ def _head_read(value) -> tuple | None:
     return expr.buffer, (shape[0] // heads, heads), strides, expr.index.const
 
 
-def _common_batch(a: tuple, b: tuple) -> tuple | None:
-    """``a`` and ``b`` (base, batch_shape, strides, offset) over one batch shape: a batch of
-    one dimension is split as the other's two, or None where both split differently."""
-    shapes = {p[1] for p in (a, b) if len(p[1]) == 2}
+def in_place_head(lw, node, position: int) -> tuple | None:
+    """``_head_read`` of ``node``'s operand at ``position`` where the template reads it in
+    place and ATen's variant copies it: a head view no other node reads; else None."""
+    arg = node.args[position]
+    value = lw._operand(arg)
+    # the ATen variant's copy must be the value's only storage: no other node reads it
+    alone = ops.users(arg) == [node] and sum(1 for v in lw.env.values() if v is value) == 1
+    return _head_read(value) if alone and affine_read(value) is None else None
+
+
+def batch_operand(lw, node, position: int) -> tuple:
+    """``node``'s operand at ``position`` as (base, batch_shape, strides, offset), read as the
+    batched GEMM template reads it: a head view in place, else its strided parts (a lazy
+    value computed into a buffer first, before any variant)."""
+    head = in_place_head(lw, node, position)
+    return head if head is not None else _as_batch(lw._read_parts(lw._operand(node.args[position])))
+
+
+def common_batch(*operands: tuple) -> tuple | None:
+    """``operands`` (base, batch_shape, strides, offset) over one batch shape: a batch of one
+    dimension is split as the others' two, or None where two split differently."""
+    shapes = {p[1] for p in operands if len(p[1]) == 2}
     if len(shapes) > 1:
         return None
     if not shapes:
-        return a, b
+        return operands
     outer, heads = shapes.pop()
 
     def split(parts):
@@ -82,7 +100,7 @@ def _common_batch(a: tuple, b: tuple) -> tuple | None:
         if len(batch_shape) == 2:
             return parts
         return base, (outer, heads), (strides[0] * heads, strides[0], *strides[1:]), offset
-    return split(a), split(b)
+    return tuple(split(p) for p in operands)
 
 
 def _as_batch(parts: tuple) -> tuple:
@@ -106,13 +124,10 @@ def lower(lw, node):
         lw: the ``lowering.Lowerer``; node: a node ``applies`` accepts.
     """
     heads = {}
-    for position, arg in enumerate(node.args):
-        value = lw._operand(arg)
-        # the ATen variant's copy must be the value's only storage: no other node reads it
-        alone = ops.users(arg) == [node] and sum(1 for v in lw.env.values() if v is value) == 1
-        head = _head_read(value) if alone and affine_read(value) is None else None
+    for position in range(len(node.args)):
+        head = in_place_head(lw, node, position)
         if head is None:
-            lw._read_parts(value)
+            lw._read_parts(lw._operand(node.args[position]))
         else:
             heads[position] = head
     outer, lw.steps = lw.steps, []
@@ -121,7 +136,7 @@ def lower(lw, node):
     variant = None
     call = aten_steps[-1]
     if isinstance(call, ExternCall) and call.outputs == [out] and isinstance(out, Buffer):
-        operands = _common_batch(*(heads.get(p) or _as_batch(call.args[p].value) for p in (0, 1)))
+        operands = common_batch(*(heads.get(p) or _as_batch(call.args[p].value) for p in (0, 1)))
         variant = _template_variant(lw, node, *operands, out) if operands else None
     if variant is None:
         lw.steps.extend(aten_steps)

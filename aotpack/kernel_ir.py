@@ -782,6 +782,102 @@ class BmmKernel:
         return self.format()
 
 
+# ----------------------------------------------------------------------------- fused attention kernel
+
+
+@dataclass(frozen=True)
+class AttentionOperand:
+    """One strided runtime tensor of an ``AttentionKernel``: ``inputs[input]`` read at
+    ``offset + (batch index . strides[:-2]) + row * strides[-2] + column * strides[-1]``,
+    its batch index unravelled row-major over ``batch_shape`` (a mask's own batch dimensions,
+    0 strides where it broadcasts)."""
+
+    input: int
+    offset: int
+    batch_shape: tuple
+    strides: tuple
+
+
+@dataclass(frozen=True)
+class ScoreOp:
+    """One step of the scores' epilogue, in the graph's order: ``mul``/``div`` by ``value``;
+    ``add`` the float32 ``mask`` (``[batch, m, n]``); ``fill``: ``value`` where the bool ``mask``
+    is true (``where(mask, value, s)``)."""
+
+    kind: str
+    value: float = 0.0
+    mask: AttentionOperand | None = None
+
+    def format(self) -> str:
+        """The op as text (part of the kernel's printed form)."""
+        if self.mask is None:
+            return f"s = s {'*' if self.kind == 'mul' else '/'} {self.value!r}"
+        m = self.mask
+        terms = [f"b{d}*{s}" for d, s in enumerate(m.strides[:-2])] + [f"m*{m.strides[-2]}", f"n*{m.strides[-1]}"]
+        at = f"in{m.input}[{'x'.join(map(str, m.batch_shape))}] at {m.offset} + {' + '.join(terms)}"
+        return f"s = s + {at}" if self.kind == "add" else f"s = where({at}, {self.value!r}, s)"
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionKernel:
+    """Scaled-dot-product attention of runtime operands, float32, the scores never stored:
+    ``out[b, m, :] = softmax_n(ops(q[b, m, :] . k[b, n, :])) @ v[b, n, :]`` (``attention_lowering``:
+    ``bmm``, scale, masks, the decomposed softmax and ``bmm`` of one attention block).
+
+    ``q`` (``[batch, m, d]``), ``k`` (``[batch, n, d]``, not transposed) and ``v``
+    (``[batch, n, dv]``) are ``AttentionOperand``s over ``batch_shape`` (one dimension, or two
+    where a head view's batch does not collapse); ``ops`` are the ``ScoreOp``s applied to each
+    score before the softmax over ``n``. ``inputs`` are the base buffers, once each; ``outputs``
+    the contiguous ``out`` ``[batch, m, dv]``. ``kernel_id`` hashes the printed form with
+    positional buffer names, so equal attention layers share it.
+    """
+
+    name: str
+    base_name: str
+    batch_shape: tuple
+    m: int
+    n: int
+    d: int
+    dv: int
+    inputs: tuple
+    outputs: tuple
+    q: AttentionOperand
+    k: AttentionOperand
+    v: AttentionOperand
+    ops: tuple = ()
+
+    @property
+    def batch(self) -> int:
+        """Batch size (batch x heads), ``prod(batch_shape)``."""
+        return math.prod(self.batch_shape)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds of both products counted twice: ``2 * batch * m * n * (d + dv)``."""
+        return 2 * self.batch * self.m * self.n * (self.d + self.dv)
+
+    @property
+    def kernel_id(self) -> str:
+        """sha256 (24 hex digits) of the printed kernel, buffer names positional."""
+        return hashlib.sha256(self.format(with_name=False).encode()).hexdigest()[:24]
+
+    def format(self, with_name: bool = True) -> str:
+        """The kernel as text: shapes, operand layouts and the score ops."""
+        head = f"attention {self.name}" if with_name else "attention"
+        batch = ", ".join(f"b{d}<{s}" for d, s in enumerate(self.batch_shape))
+        lines = [f"{head} [{batch}, m<{self.m}, n<{self.n}, d<{self.d}, dv<{self.dv}]"]
+        for label, operand, inner in (("q", self.q, "m, d"), ("k", self.k, "n, d"), ("v", self.v, "n, dv")):
+            terms = [f"b{d}*{s}" for d, s in enumerate(operand.strides[:-2])]
+            terms += [f"{v}*{s}" for v, s in zip(inner.split(", "), operand.strides[-2:])]
+            lines.append(f"  in{operand.input}: float32 {label}[b, {inner}] at {operand.offset} + {' + '.join(terms)}")
+        lines.extend(f"  {op.format()}" for op in self.ops)
+        lines.append(f"  out0: float32[{self.batch}, {self.m}, {self.dv}] = softmax_n(s) @ v")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
 # ----------------------------------------------------------------------------- depthwise conv
 
 #: The epilogues a depthwise convolution template applies to ``y = conv(x, W) + bias`` (names

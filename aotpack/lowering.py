@@ -20,7 +20,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from aotpack import bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops, pooling, views
+from aotpack import (attention_lowering, bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops,
+                     pooling, views)
 from aotpack.errors import AotpackError
 from aotpack.ir import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
@@ -68,6 +69,7 @@ class Lowerer:
         self.packed: list = []  # gemm.PackedWeight
         self.gemms: dict = {}  # final FX node -> gemm_match.GemmMatch
         self.absorbed: set = set()  # FX nodes a GEMM match lowers (all but its final node)
+        self.attentions: dict = {}  # second bmm FX node -> attention_lowering.AttentionMatch
         self.folded = constant_folding.Folded({}, frozenset())  # input-free nodes
 
     # ------------------------------------------------------------------ entry
@@ -85,6 +87,9 @@ class Lowerer:
         self.folded = constant_folding.find(self.ep.graph, readonly)
         self.gemms = gemm_match.find(self.ep.graph, weights)
         self.absorbed = {n for m in self.gemms.values() for n in m.nodes[:-1]}
+        self.attentions = {node: m for node, m in attention_lowering.find(self.ep.graph).items()
+                           if not any(n in self.folded.skipped or n in self.gemms for n in m.nodes)}
+        self.absorbed |= {n for m in self.attentions.values() for n in m.nodes[:-1]}
         outputs, mutated = [], {"constant": [], "input": []}
         for node in self.ep.graph.nodes:
             if node.op == "call_function":
@@ -229,6 +234,8 @@ class Lowerer:
             return None
         if node in self.gemms:
             return gemm_lowering.lower(self, self.gemms[node])
+        if node in self.attentions:
+            return attention_lowering.lower(self, self.attentions[node])
         if bmm_lowering.applies(node):
             return bmm_lowering.lower(self, node)
         return self._call_op(node)

@@ -27,6 +27,7 @@ from aotpack.backends.cpu import bmm_template  # noqa: E402
 from aotpack.build import export_model  # noqa: E402
 from aotpack.export import load_model  # noqa: E402
 from aotpack.gemm import gemm_steps  # noqa: E402
+from aotpack.kernel_ir import BmmKernel  # noqa: E402
 from aotpack.lowering import lower  # noqa: E402
 from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
@@ -38,10 +39,12 @@ def bmm_kernels(path: str) -> list[tuple]:
     """(step shape, BmmKernel) of each distinct bmm step of the model at ``path``."""
     graph = lower(export_model(load_model(ROOT / path), None), backends.get("cpu").dtypes)
     found = {}
-    for step in gemm_steps(graph):
-        if step.kind == "bmm":
-            kernel = step.variants[1].steps[0].kernel
-            found.setdefault(kernel.kernel_id, (step.shape, kernel))
+    for step in gemm_steps(graph):  # a bmm step, or an attention step's unfused variants (attention_lowering)
+        for variant in step.variants:
+            for call in variant.steps:
+                kernel = getattr(call, "kernel", None)
+                if isinstance(kernel, BmmKernel):
+                    found.setdefault(kernel.kernel_id, (f"{kernel.batch}x{kernel.m}x{kernel.k}x{kernel.n}", kernel))
     return list(found.values())
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aotpack import autotune, backends, gemm_cache, lowering, report
+from aotpack import attention_lowering, autotune, backends, gemm_cache, lowering, report
 from aotpack.backends.cpu import bmm_template
 from aotpack.backends.cpu.bmm_template import BmmTiling
 from aotpack.build import build
@@ -152,6 +152,13 @@ def test_q_and_k_slices_of_one_qkv_buffer_as_one_input(tmp_path):
                                    msg=lambda text: f"{tiling}: {text}")
 
 
+@pytest.fixture
+def unfused_attention(monkeypatch):
+    """Attention blocks lowered as two bmm steps around the softmax (no fused attention step,
+    ``attention_lowering``): the bmm steps these tests check are then top-level steps."""
+    monkeypatch.setattr(attention_lowering, "find", lambda graph: {})
+
+
 def _template_wins(functions):
     """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
     for fn in functions:
@@ -166,7 +173,7 @@ def _bmm_steps(path) -> list[GemmStep]:
 
 
 @pytest.mark.unit
-def test_attention_bmms_become_steps_with_aten_and_template():
+def test_attention_bmms_become_steps_with_aten_and_template(unfused_attention):
     steps = _bmm_steps(ATTENTION)
     assert [(s.shape, [v.name for v in s.variants]) for s in steps] == [
         ("6x17x8x17", ["aten", "template"]), ("6x17x17x8", ["aten", "template"]),
@@ -184,7 +191,7 @@ def test_attention_bmms_become_steps_with_aten_and_template():
 
 
 @pytest.mark.native
-def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cache_dir):
+def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cache_dir, unfused_attention):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
         patch.setattr(gemm_cache, "read_all", lambda *args: {})
@@ -205,7 +212,7 @@ def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cach
 
 
 @pytest.mark.native
-def test_transformer_block_with_the_template_matches_eager_natively(tmp_path, cache_dir):
+def test_transformer_block_with_the_template_matches_eager_natively(tmp_path, cache_dir, unfused_attention):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
         patch.setattr(gemm_cache, "read_all", lambda *args: {})

@@ -5,8 +5,9 @@ shape, stride and tiling knob a compile-time constant, compiled by the system C+
 compiler (``toolchain``), parallel over OpenMP threads (``block_dim``).
 
 Files: ``tiling`` (TopN solver), ``gemm_template`` / ``conv_template``,
-``depthwise_template``, ``bmm_template``, ``winograd_template`` (the GEMM, convolution,
-depthwise convolution, batched GEMM and Winograd 3x3 convolution templates' tilings and sources), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
+``depthwise_template``, ``bmm_template``, ``winograd_template``, ``attention_template`` (the GEMM,
+convolution, depthwise convolution, batched GEMM, Winograd 3x3 convolution and fused attention
+templates' tilings and sources), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
 ``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
 launcher), ``cpp_wrapper`` (model.cpp), ``wrapper_slot`` (per-kernel wrappers from one binary).
 """
@@ -18,19 +19,20 @@ from pathlib import Path
 
 from aotpack import cache, leftovers
 from aotpack.backends.base import Backend, Limits
-from aotpack.backends.cpu import (bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
+from aotpack.backends.cpu import (attention_template, bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
                                   gemm_template, tiling, winograd_template, wrapper_slot)
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
-from aotpack.kernel_ir import BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
+from aotpack.kernel_ir import AttentionKernel, BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
 
 
 #: Kernel kinds with a template of their own: each module has ``solve``, ``estimate_us``
 #: and ``render_kernel``; every other kernel is a ``FusedKernel`` (``tiling``, ``renderer``).
 TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConvKernel: depthwise_template,
-             BmmKernel: bmm_template, WinogradConvKernel: winograd_template}
+             BmmKernel: bmm_template, WinogradConvKernel: winograd_template,
+             AttentionKernel: attention_template}
 
 #: Templates whose ``estimate_us`` ranks tilings (flops over a tile-shape efficiency): on
 #: ResNet-18, MobileNetV3-Small and ViT-S/16 every candidate they estimated >= 1.4x the best
