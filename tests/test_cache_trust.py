@@ -27,6 +27,7 @@ from aotpack.cli import main as cli_main
 from aotpack.errors import AotpackError
 
 from conftest import SAMPLES, eager_outputs
+from helpers import cache_entries, cache_root, leftovers, run_native, signed_copy
 from test_native_runtime import RUN, fx, require
 
 pytestmark = pytest.mark.native
@@ -57,10 +58,7 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def signed(fixture, keys, tmp_path_factory):
-    path = tmp_path_factory.mktemp("signed") / "signed.aotpack"
-    path.write_bytes(fixture["archive"].read_bytes())
-    signing.sign_archive(path, keys["private"])
-    return path
+    return signed_copy(fixture["archive"], keys["private"], tmp_path_factory.mktemp("signed"))
 
 
 @pytest.fixture()
@@ -75,23 +73,9 @@ def env(tmp_path, monkeypatch):
     return dict(os.environ, **values)
 
 
-def run(env, *args):
-    return subprocess.run([str(require(RUN)), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=120)
-
-
-def root(env) -> Path:
-    return Path(env["XDG_CACHE_HOME"]) / "aotpack" / "runtime"
-
-
-def entries(env) -> list[str]:
-    folder = root(env)
-    return sorted(p.name for p in folder.iterdir() if p.name != "tmp") if folder.exists() else []
-
-
-def leftovers(env) -> list[str]:
-    tmp = root(env) / "tmp"
-    return sorted(os.listdir(env["TMPDIR"])) + (sorted(os.listdir(tmp)) if tmp.exists() else [])
+run = run_native
+root = cache_root
+entries = cache_entries
 
 
 def poison_library(tmp_path: Path, size: int) -> tuple[bytes, Path]:

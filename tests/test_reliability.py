@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from aotpack import signing
 from aotpack.config import available_cores
 
+from helpers import cache_entries as entries, cache_root, leftovers, run_native, signed_copy
 from test_native_runtime import fx, require, RUN
 
 pytestmark = pytest.mark.native
@@ -35,22 +35,7 @@ def env(tmp_path):
 
 
 def run(env, *args, timeout=60):
-    return subprocess.run([str(require(RUN)), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout)
-
-
-def cache_root(env) -> Path:
-    return Path(env["XDG_CACHE_HOME"]) / "aotpack" / "runtime"
-
-
-def entries(env) -> list[str]:
-    root = cache_root(env)
-    return sorted(p.name for p in root.iterdir() if p.name != "tmp") if root.exists() else []
-
-
-def leftovers(env) -> list[str]:
-    tmp = cache_root(env) / "tmp"
-    return sorted(os.listdir(env["TMPDIR"])) + (sorted(os.listdir(tmp)) if tmp.exists() else [])
+    return run_native(env, *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +48,7 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def signed(fixture, keys, tmp_path_factory):
-    path = tmp_path_factory.mktemp("signed") / "signed.aotpack"
-    path.write_bytes(fixture["archive"].read_bytes())
-    signing.sign_archive(path, keys["private"])
-    return path
+    return signed_copy(fixture["archive"], keys["private"], tmp_path_factory.mktemp("signed"))
 
 
 # ---- signatures ----

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -14,7 +13,8 @@ import aotpack
 from aotpack import cli, loader, reader, signing
 from aotpack.errors import AotpackError
 from aotpack.verify import verify
-from test_native_runtime import RUN, fx, require
+from helpers import run_native, signed_copy
+from test_native_runtime import fx
 
 pytestmark = pytest.mark.native
 
@@ -39,10 +39,7 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def signed(fixture, keys, tmp_path_factory):
-    path = tmp_path_factory.mktemp("signed") / "signed.aotpack"
-    path.write_bytes(fixture["archive"].read_bytes())
-    signing.sign_archive(path, keys["private"])
-    return path
+    return signed_copy(fixture["archive"], keys["private"], tmp_path_factory.mktemp("signed"))
 
 
 @pytest.fixture()
@@ -53,9 +50,7 @@ def env(tmp_path, monkeypatch):
     return dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
 
 
-def native(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(require(RUN)), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=120)
+native = run_native
 
 
 @pytest.fixture()
