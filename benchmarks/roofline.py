@@ -18,12 +18,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 # Sixteen independent accumulators: enough chains to cover FMA latency x issue width on
 # current x86 cores (4-5 cycles x 2 pipes), so the loop runs at the FMA throughput.
+_CHAINS = 16  # X(0) ... X(15) below
 _SOURCE = r"""
 #include <immintrin.h>
 #include <omp.h>
@@ -121,8 +123,6 @@ def _library() -> tuple[ctypes.CDLL, int, int]:
 
 def _best_rate(function, flops_per_iter: float, threads: int, seconds: float, repeats: int) -> float:
     """Best GFLOP/s of ``function(iters, threads)`` over ``repeats`` runs of ~``seconds``."""
-    import time
-
     iters = 1 << 16
     while True:  # size the run to ~seconds
         start = time.perf_counter()
@@ -146,11 +146,10 @@ def peak_gflops(threads: int, dtype: str = "fp32", seconds: float = 0.2, repeats
     in fp32); None for bf16 on a CPU without AVX512_BF16. Raises
     subprocess.CalledProcessError when g++ cannot build the probe."""
     lib, lanes, pairs = _library()
-    chains = 16
     if dtype == "fp32":
-        return _best_rate(lib.fp32_fma_loop, 2.0 * lanes * chains, threads, seconds, repeats)
+        return _best_rate(lib.fp32_fma_loop, 2.0 * lanes * _CHAINS, threads, seconds, repeats)
     if dtype == "bf16":
-        return _best_rate(lib.bf16_dot_loop, 2.0 * pairs * chains, threads, seconds, repeats) if pairs else None
+        return _best_rate(lib.bf16_dot_loop, 2.0 * pairs * _CHAINS, threads, seconds, repeats) if pairs else None
     raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
 
 
