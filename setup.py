@@ -3,7 +3,7 @@
 ``pip install .`` compiles ``native/`` against the torch of the build environment and puts
 ``libaotpack_runtime.so.0`` (and ``_aotpack_binding``, aotpack.load's per-call extension,
 where Python's headers are found) in ``aotpack/lib/`` and ``aotpack-run`` in ``aotpack/bin/`` of
-the wheel (``aotpack.runtime`` looks there). pyproject.toml pins the build's torch to the
+the wheel (``aotpack.runtime.native`` looks there). pyproject.toml pins the build's torch to the
 runtime dependency's version: the runtime links libtorch, so the two must be the same
 release. Editable installs (``make venv``) skip this step: the Makefile builds
 ``native/build``, which a source checkout uses. ``AOTPACK_SKIP_NATIVE=1`` skips it too.

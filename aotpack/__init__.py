@@ -16,7 +16,7 @@ __all__ = ["AotpackError", "Model", "__version__", "load"]
 def __getattr__(name: str):
     """``aotpack.load`` and ``aotpack.Model`` import torch only when first used."""
     if name in ("load", "Model"):
-        from aotpack import loader
+        from aotpack.runtime import loader
 
         return getattr(loader, name)
     raise AttributeError(f"module 'aotpack' has no attribute {name!r}")

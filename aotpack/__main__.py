@@ -1,5 +1,5 @@
 import sys
 
-from aotpack.cli import main
+from aotpack.commands.cli import main
 
 sys.exit(main())

@@ -21,14 +21,30 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves
 
 import aotpack
-from aotpack import autotune, backends, cache, candidates, codegen, compile as compile_stage, layout, package
-from aotpack import debug_artifacts, gemm, gemm_cache, leftovers, parity, replay, runtime, signing, verify, weights
+from aotpack import backends
+from aotpack.tune import autotune
+from aotpack.tune import cache
+from aotpack.tune import candidates
+from aotpack.codegen import wrapper as codegen
+from aotpack.tune import compile as compile_stage
+from aotpack.archive import layout
+from aotpack.archive import writer as package
+from aotpack import leftovers
+from aotpack.commands import debug_artifacts
+from aotpack.ir import gemm
+from aotpack.tune import gemm_cache
+from aotpack.runtime import parity
+from aotpack.tune import replay
+from aotpack.runtime import native as runtime
+from aotpack.archive import signing
+from aotpack.commands import verify
+from aotpack.archive import weights
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
-from aotpack.export import check_version, export_model, load_model
-from aotpack.ir import walk_steps
-from aotpack.lowering import lower
-from aotpack.progress import BuildProgress
+from aotpack.frontend.export import check_version, export_model, load_model
+from aotpack.ir.graph import walk_steps
+from aotpack.lower.lowering import lower
+from aotpack.commands.progress import BuildProgress
 
 log = logging.getLogger("aotpack")
 
@@ -93,7 +109,7 @@ def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> N
     except AotpackError:
         log.warning("native runtime not built (make runtime): skipped running the archive before writing it")
         return
-    from aotpack.loader import load
+    from aotpack.runtime.loader import load
 
     with load(archive, private_extraction=True) as model:  # no cache entry per build
         outputs = model.run(*[t.clone() for t in model_file.example_inputs])  # may write inputs
@@ -169,9 +185,9 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     key (PEM) that signs the archive's manifest.
 
     The Python-mode run (the same compiled kernels and extern calls the archive runs)
-    is checked against eager PyTorch on the example inputs (``aotpack.parity``). With
+    is checked against eager PyTorch on the example inputs (``aotpack.runtime.parity``). With
     ``selftest``, those inputs and eager outputs go into the archive for ``aotpack verify``.
-    ``sign_key``: an Ed25519 private key (PEM) that signs the archive (``aotpack.signing``).
+    ``sign_key``: an Ed25519 private key (PEM) that signs the archive (``aotpack.archive.signing``).
 
     Raises:
         AotpackError: any problem the user can fix (bad model file, export failure,

@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from aotpack import backends  # noqa: E402
-from aotpack.autotune import _conform, _empty, _extern_args  # noqa: E402
+from aotpack.tune.autotune import _conform, _empty, _extern_args  # noqa: E402
 from aotpack.backends.base import Limits  # noqa: E402
 from aotpack.build import export_model  # noqa: E402
-from aotpack.export import load_model  # noqa: E402
-from aotpack.gemm import gemm_steps  # noqa: E402
-from aotpack.ir import ExternCall, KernelCall  # noqa: E402
-from aotpack.lowering import lower  # noqa: E402
+from aotpack.frontend.export import load_model  # noqa: E402
+from aotpack.ir.gemm import gemm_steps  # noqa: E402
+from aotpack.ir.graph import ExternCall, KernelCall  # noqa: E402
+from aotpack.lower.lowering import lower  # noqa: E402
 from common import calls_per_sample, compile_candidates, median_us, target_vector_bytes  # noqa: E402
 
 DEFAULT_MODELS = ["benchmarks/bench_models/vit_s16.py", "benchmarks/bench_models/distilbert_base.py",

@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 from aotpack import backends  # noqa: E402
 from aotpack.backends.cpu import bmm_template  # noqa: E402
 from aotpack.build import export_model  # noqa: E402
-from aotpack.export import load_model  # noqa: E402
-from aotpack.gemm import gemm_steps  # noqa: E402
-from aotpack.kernel_ir import BmmKernel  # noqa: E402
-from aotpack.lowering import lower  # noqa: E402
+from aotpack.frontend.export import load_model  # noqa: E402
+from aotpack.ir.gemm import gemm_steps  # noqa: E402
+from aotpack.ir.kernel import BmmKernel  # noqa: E402
+from aotpack.lower.lowering import lower  # noqa: E402
 from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 DEFAULT_MODELS = ["samples/transformer_block.py", "benchmarks/bench_models/vit_s16.py",

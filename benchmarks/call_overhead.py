@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aotpack  # noqa: E402
-from aotpack import loader  # noqa: E402
+from aotpack.runtime import loader  # noqa: E402
 from aotpack.backends.cpu.cpp_wrapper import DTYPE_CODES  # noqa: E402
 from aotpack.build import build  # noqa: E402
 from aotpack.config import Settings  # noqa: E402

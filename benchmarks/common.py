@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from aotpack.export import load_model_file
+from aotpack.frontend.export import load_model_file
 
 
 def wall_times(fn, runs: int) -> list[float]:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from aotpack.runtime import run_tensors  # noqa: E402
+from aotpack.runtime.native import run_tensors  # noqa: E402
 from common import eager_latency_us, load_sample, max_abs_error  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

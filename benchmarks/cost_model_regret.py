@@ -15,9 +15,9 @@ import statistics
 
 from aotpack import backends
 from aotpack.config import MAX_TOPN, Settings
-from aotpack.export import export_model, load_model
-from aotpack.lowering import lower
-from aotpack.reader import read_manifest
+from aotpack.frontend.export import export_model, load_model
+from aotpack.lower.lowering import lower
+from aotpack.archive.reader import read_manifest
 
 
 def main() -> None:

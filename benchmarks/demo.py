@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from aotpack.build import build  # noqa: E402
 from aotpack.config import Settings  # noqa: E402
-from aotpack.runtime import run_tensors  # noqa: E402
+from aotpack.runtime.native import run_tensors  # noqa: E402
 from common import eager_latency_us, load_sample, max_abs_error  # noqa: E402
 
 

@@ -94,7 +94,7 @@ import json, sys, time, traceback
 try:
     sys.path.insert(0, sys.argv[3])
     import torch
-    from aotpack.export import load_model_file
+    from aotpack.frontend.export import load_model_file
     WARM_EXPORT
     start = time.perf_counter()
     mf = load_model_file(sys.argv[1])

@@ -43,7 +43,7 @@ from bench_models import MODELS  # noqa: E402
 from peer_variants import all_variants, warm_torch_export  # noqa: E402
 
 from aotpack.errors import AotpackError  # noqa: E402
-from aotpack.export import load_model_file  # noqa: E402
+from aotpack.frontend.export import load_model_file  # noqa: E402
 
 #: Output check against eager: |out - eager| <= ATOL + RTOL * |eager| elementwise.
 ATOL, RTOL = 1e-4, 1e-3

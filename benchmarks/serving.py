@@ -53,7 +53,7 @@ def build(model_file: Path, device_limit: int, topn: int, out: Path) -> Path:
 
 def start_server(repository: Path, instances: int, cores: int) -> tuple[subprocess.Popen, int]:
     """aotpack-serve on a free port; (process, port)."""
-    from aotpack.runtime import find_server
+    from aotpack.runtime.native import find_server
 
     process = subprocess.Popen([find_server(), repository, "--port", "0", "--instances", str(instances),
                                 "--cores-per-instance", str(cores)], stdout=subprocess.PIPE,
@@ -146,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("serving.py: needs 2 cores (1 instance x 2 cores against 2 x 1)")
-    from aotpack.export import load_model_file
+    from aotpack.frontend.export import load_model_file
 
     with tempfile.TemporaryDirectory(prefix="aotpack-serving-") as work:
         work = Path(work)

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from aotpack import parity
+from aotpack.runtime import parity
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack.export import load_model_file
-from aotpack.loader import load
+from aotpack.frontend.export import load_model_file
+from aotpack.runtime.loader import load
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "samples"
@@ -59,7 +59,7 @@ def build_model(cache_dir, tmp_path_factory):
 def fixed_timing(us: list[float], rounds: int = 5):
     """A clean ``timing.Timing`` in which candidate ``i`` takes ``us[i]`` every round
     (a stand-in for ``autotune.time_functions`` where a test fixes the winners)."""
-    from aotpack import timing
+    from aotpack.tune import timing
 
     return timing.Timing(us=[[t] * rounds for t in us], clean=[[True] * rounds for _ in us])
 

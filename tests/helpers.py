@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from aotpack import signing
+from aotpack.archive import signing
 from test_native_runtime import RUN, require
 
 

@@ -563,10 +563,10 @@ def _environment(values: dict[str, str | None]):
 def readers_verdicts(path: Path) -> tuple[str | None, str | None]:
     """(runtime, reader) refusal messages for the archive at ``path`` (None: accepted),
     without the archive's name: ``aotpack.load`` (the runtime's C API, extracting every byte
-    with the cache off) and ``aotpack.reader.check`` (``aotpack verify``'s rules)."""
-    from aotpack import reader
+    with the cache off) and ``aotpack.archive.reader.check`` (``aotpack verify``'s rules)."""
+    from aotpack.archive import reader
     from aotpack.errors import AotpackError
-    from aotpack.loader import load
+    from aotpack.runtime.loader import load
 
     verdicts = []
     for prefix, read in ((f"cannot load '{path}': ", lambda: load(path).close()),

@@ -12,14 +12,19 @@ import textwrap
 import pytest
 import torch
 
-from aotpack import autotune, backends, gemm, gemm_cache, lowering, timing
+from aotpack import backends
+from aotpack.tune import autotune
+from aotpack.ir import gemm
+from aotpack.tune import gemm_cache
+from aotpack.lower import lowering
+from aotpack.tune import timing
 from aotpack.backends.cpu import attention_template
 from aotpack.backends.cpu.attention_template import AttentionTiling
 from aotpack.build import build, export_model
 from aotpack.config import Settings
-from aotpack.export import load_model
-from aotpack.gemm import gemm_steps
-from aotpack.kernel_ir import AttentionKernel
+from aotpack.frontend.export import load_model
+from aotpack.ir.gemm import gemm_steps
+from aotpack.ir.kernel import AttentionKernel
 from conftest import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 ATOL, RTOL = 1e-5, 1e-4

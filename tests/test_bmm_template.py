@@ -10,15 +10,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aotpack import attention_lowering, autotune, backends, gemm_cache, lowering, report
+from aotpack import backends
+from aotpack.lower import attention_lowering
+from aotpack.tune import autotune
+from aotpack.tune import gemm_cache
+from aotpack.lower import lowering
+from aotpack.commands import report
 from aotpack.backends.cpu import bmm_template
 from aotpack.backends.cpu.bmm_template import BmmTiling
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack.export import load_model
-from aotpack.gemm import GemmStep, gemm_steps
-from aotpack.ir import Buffer
-from aotpack.kernel_ir import BmmKernel
+from aotpack.frontend.export import load_model
+from aotpack.ir.gemm import GemmStep, gemm_steps
+from aotpack.ir.graph import Buffer
+from aotpack.ir.kernel import BmmKernel
 from conftest import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 ATOL, RTOL = 1e-5, 1e-5

@@ -4,8 +4,8 @@ import logging
 from aotpack.backends.cpu.toolchain import CpuToolchain
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack import layout
-from aotpack.package import read_manifest, read_members
+from aotpack.archive import layout
+from aotpack.archive.writer import read_manifest, read_members
 from conftest import MODELS, SAMPLES
 
 
@@ -52,7 +52,7 @@ def test_device_limit_is_part_of_the_cache_key_and_bounds_block_dim(tmp_path):
                   settings=Settings.from_env(topn=3, cache_dir=cache, device_limit="1"))
     assert again.compiled == 0  # same limit: same key, a cache hit
     # the limit alone changes the key (static kernels are tuned for a core count)
-    from aotpack.cache import artifact_hash
+    from aotpack.tune.cache import artifact_hash
     assert artifact_hash("kernel", "toolchain", 1) != artifact_hash("kernel", "toolchain", 2)
 
 
@@ -170,8 +170,8 @@ def test_jobs_with_one_source_compile_once(tmp_path):
     first compiles into the binary store, the others link to it after the parallel pool."""
     import time
     from threading import Lock
-    from aotpack import cache
-    from aotpack.compile import run_parallel
+    from aotpack.tune import cache
+    from aotpack.tune.compile import run_parallel
     compiled, lock = [], Lock()
 
     def compile_fn(source, output):

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from aotpack import cache, layout
+from aotpack.tune import cache
+from aotpack.archive import layout
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
-from aotpack.package import read_manifest, read_members
+from aotpack.archive.writer import read_manifest, read_members
 from conftest import REPO, SAMPLES, assert_native_parity
 
 pytestmark = pytest.mark.native

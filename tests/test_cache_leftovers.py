@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from aotpack import cache, gemm_cache
-from aotpack.candidates import CandidateSet
-from aotpack.compile import compile_all
+from aotpack.tune import cache
+from aotpack.tune import gemm_cache
+from aotpack.tune.candidates import CandidateSet
+from aotpack.tune.compile import compile_all
 
 pytestmark = pytest.mark.unit
 

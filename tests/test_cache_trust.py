@@ -22,8 +22,8 @@ import torch
 import zstandard
 
 import aotpack
-from aotpack import signing
-from aotpack.cli import main as cli_main
+from aotpack.archive import signing
+from aotpack.commands.cli import main as cli_main
 from aotpack.errors import AotpackError
 
 from conftest import SAMPLES, eager_outputs
@@ -377,7 +377,7 @@ def test_the_cap_evicts_least_recently_used_entries_never_one_in_use(fixture, en
 
 
 def test_cache_list_and_prune(fixture, env, tmp_path, capsys):
-    from aotpack import runtime_cache
+    from aotpack.runtime import extraction_cache as runtime_cache
 
     a, b, c = (_variant(fixture, tmp_path, seed) for seed in (1, 2, 3))
     for archive in (a, b, c):

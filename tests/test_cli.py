@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from aotpack import layout
-from aotpack.package import read_manifest
+from aotpack.archive import layout
+from aotpack.archive.writer import read_manifest
 from conftest import MODELS, assert_native_parity
 
 
@@ -176,7 +176,7 @@ def test_verify_without_run_does_not_mention_a_stored_selftest(build_model):
 
 
 def test_inspect_tables_kernels_and_extern_calls(build_model):
-    from aotpack import report
+    from aotpack.commands import report
     archive = build_model(MODELS / "branchy.py", topn=2).archive
     manifest = read_manifest(archive)
     result = aotpack("inspect", archive)
@@ -230,7 +230,7 @@ def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):
     import safetensors.torch
     import torch
     import zstandard
-    from aotpack.package import write_archive
+    from aotpack.archive.writer import write_archive
     archive = build_model(MODELS / "dict_outputs.py", selftest=True).archive
     raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(archive.read_bytes()), read_across_frames=True)
     with tarfile.open(fileobj=io.BytesIO(raw.read())) as tar:

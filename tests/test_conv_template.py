@@ -12,16 +12,21 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from aotpack import autotune, backends, gemm_cache, gemm_match, layout, reader
+from aotpack import backends
+from aotpack.tune import autotune
+from aotpack.tune import gemm_cache
+from aotpack.lower import gemm_match
+from aotpack.archive import layout
+from aotpack.archive import reader
 from aotpack.backends.cpu import conv_template, toolchain
 from aotpack.backends.cpu.conv_template import ConvTiling
 from aotpack.backends.cpu.toolchain import KERNEL_FLAGS, O2_MARK, CpuToolchain, kernel_flags
 from aotpack.build import build
-from aotpack.candidates import shortlist
+from aotpack.tune.candidates import shortlist
 from aotpack.config import Settings
-from aotpack.export import export_model, load_model_file
-from aotpack.ir import Buffer, contiguous_strides
-from aotpack.kernel_ir import GEMM_PANEL, ConvKernel, pack_panels, pad_bias
+from aotpack.frontend.export import export_model, load_model_file
+from aotpack.ir.graph import Buffer, contiguous_strides
+from aotpack.ir.kernel import GEMM_PANEL, ConvKernel, pack_panels, pad_bias
 from conftest import MODELS, assert_native_parity, compile_tilings, fixed_timing
 
 BLOCK = MODELS / "conv_bn_block.py"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import aotpack
-from aotpack import parity
+from aotpack.runtime import parity
 from aotpack.errors import AotpackError
-from aotpack.runtime import find_runtime
+from aotpack.runtime.native import find_runtime
 from conftest import MODELS, SAMPLES, eager_outputs
 
 pytestmark = pytest.mark.native

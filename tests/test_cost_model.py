@@ -9,7 +9,7 @@ import pytest
 from aotpack import backends
 from aotpack.backends.cpu import cost_model, tiling
 from aotpack.backends.cpu.tiling import Tiling
-from aotpack.candidates import shortlist
+from aotpack.tune.candidates import shortlist
 from aotpack.config import MAX_TOPN, Settings
 from aotpack.errors import AotpackError
 from test_kernel_ir import lowered_source
@@ -156,7 +156,7 @@ def test_candidates_that_differ_only_in_block_dim_share_one_binary(tmp_path):
 
 
 def test_prepare_renders_block_dim_twins_from_one_source(tmp_path):
-    from aotpack import candidates
+    from aotpack.tune import candidates
     graph = lowered_source(tmp_path, "return torch.exp(x) * 2", "torch.randn(256, 1024)")
     backend = backends.get("cpu")
     (cs,) = candidates.prepare(graph, backend, settings(topn=10, tiny_kernel_us=0.0)).values()

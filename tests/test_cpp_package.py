@@ -9,7 +9,7 @@ import pytest
 import torch.utils
 
 import aotpack
-from aotpack.run import describe_output
+from aotpack.commands.run import describe_output
 from conftest import REPO, SAMPLES
 
 pytestmark = pytest.mark.native

@@ -9,7 +9,7 @@ import pytest
 
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack.package import read_manifest
+from aotpack.archive.writer import read_manifest
 from conftest import REPO, SAMPLES
 
 pytestmark = pytest.mark.native

@@ -13,18 +13,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aotpack import autotune, backends, gemm_cache, gemm_match, lowering
+from aotpack import backends
+from aotpack.tune import autotune
+from aotpack.tune import gemm_cache
+from aotpack.lower import gemm_match
+from aotpack.lower import lowering
 from aotpack.backends.cpu import depthwise_template
 from aotpack.backends.cpu.depthwise_template import DepthwiseTiling
 from aotpack.backends.cpu.toolchain import CXX, KERNEL_FLAGS
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack.export import export_model, load_model_file
-from aotpack.gemm import gemm_steps
-from aotpack.ir import Buffer, contiguous_strides
-from aotpack.kernel_ir import DepthwiseConvKernel
-from aotpack.layout import KERNEL_IR_PATH
-from aotpack.package import read_members
+from aotpack.frontend.export import export_model, load_model_file
+from aotpack.ir.gemm import gemm_steps
+from aotpack.ir.graph import Buffer, contiguous_strides
+from aotpack.ir.kernel import DepthwiseConvKernel
+from aotpack.archive.layout import KERNEL_IR_PATH
+from aotpack.archive.writer import read_members
 from conftest import MODELS, assert_native_parity, compile_tilings, fixed_timing
 
 ATOL, RTOL = 1e-5, 1e-5

@@ -8,11 +8,13 @@ import sys
 import pytest
 import safetensors.torch
 
-from aotpack import autotune, gemm_cache, layout
+from aotpack.tune import autotune
+from aotpack.tune import gemm_cache
+from aotpack.archive import layout
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack.layout import WEIGHTS_PATH as WEIGHTS
-from aotpack.package import read_manifest, read_members, write_archive
+from aotpack.archive.layout import WEIGHTS_PATH as WEIGHTS
+from aotpack.archive.writer import read_manifest, read_members, write_archive
 from conftest import SAMPLES, fixed_timing
 
 pytestmark = pytest.mark.native  # the archives come from a real build

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from aotpack import export_errors
+from aotpack.frontend import export_errors
 from aotpack.errors import AotpackError
-from aotpack.export import export_model, load_model_file
+from aotpack.frontend.export import export_model, load_model_file
 from conftest import MODELS
 
 pytestmark = pytest.mark.unit

@@ -5,9 +5,10 @@ from unittest import mock
 
 import pytest
 
-from aotpack import backends, export
-from aotpack.export import load_model_file
-from aotpack.lowering import lower
+from aotpack import backends
+from aotpack.frontend import export
+from aotpack.frontend.export import load_model_file
+from aotpack.lower.lowering import lower
 
 pytestmark = pytest.mark.unit
 

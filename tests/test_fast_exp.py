@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from aotpack.backends.cpu.toolchain import CpuToolchain
-from aotpack.render import render
+from aotpack.codegen.render import render
 
 pytestmark = pytest.mark.native
 

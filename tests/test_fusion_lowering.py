@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from aotpack import backends, gemm
-from aotpack.export import decomposition_table
-from aotpack.lowering import lower
+from aotpack import backends
+from aotpack.ir import gemm
+from aotpack.frontend.export import decomposition_table
+from aotpack.lower.lowering import lower
 
 pytestmark = pytest.mark.unit
 
@@ -97,7 +98,7 @@ def test_a_cat_piece_that_is_whole_rows_is_selected_without_j():
     row instead of masking both pieces' loads in the j loop; where j can cross a bound
     (a bound off the grain, or j alone) the compare keeps it."""
     from aotpack.backends.cpu.renderer import build_body, piece_condition
-    from aotpack.index import Index
+    from aotpack.ir.index import Index
 
     x, y = torch.randn(4, 13), torch.randn(4, 26)
     graph = _lower(lambda x, y: torch.cat([x, y], dim=1).reshape(4, 3, 13).permute(1, 0, 2).relu(), x, y)
@@ -145,7 +146,7 @@ def test_flip_is_a_reversed_index_in_the_consumer():
 def test_input_free_masks_and_positions_are_folded_into_constants():
     """arange/full/triu and the ops on them read no input: computed at build time and
     shipped as constants, so only the op reading the input is left (one kernel)."""
-    from aotpack.constant_folding import MAX_FOLDED_BYTES
+    from aotpack.lower.constant_folding import MAX_FOLDED_BYTES
 
     def masked(x):
         positions = torch.arange(x.shape[-1]) * 2 + 1

@@ -8,11 +8,13 @@ integer outputs exactly, NaN where eager has NaN, +-inf equal.
 """
 import pytest
 
-from aotpack import autotune, gemm_cache, report
+from aotpack.tune import autotune
+from aotpack.tune import gemm_cache
+from aotpack.commands import report
 from aotpack.build import build
 from aotpack.config import Settings
-from aotpack.layout import KERNEL_IR_PATH
-from aotpack.package import read_members
+from aotpack.archive.layout import KERNEL_IR_PATH
+from aotpack.archive.writer import read_members
 from conftest import MODELS, assert_native_parity, fixed_timing
 
 pytestmark = pytest.mark.native

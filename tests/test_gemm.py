@@ -10,7 +10,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from aotpack import autotune, gemm_cache, reader
+from aotpack.tune import autotune
+from aotpack.tune import gemm_cache
+from aotpack.archive import reader
 from aotpack.build import build
 from aotpack.config import Settings
 from conftest import assert_native_parity, fixed_timing

@@ -10,13 +10,17 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from aotpack import autotune, backends, gemm_cache, layout, reader
+from aotpack import backends
+from aotpack.tune import autotune
+from aotpack.tune import gemm_cache
+from aotpack.archive import layout
+from aotpack.archive import reader
 from aotpack.backends.cpu import gemm_template
 from aotpack.backends.cpu.gemm_template import GemmTiling
 from aotpack.config import Settings
-from aotpack.ir import Buffer, contiguous_strides
+from aotpack.ir.graph import Buffer, contiguous_strides
 from aotpack.build import build
-from aotpack.kernel_ir import GEMM_PANEL, GemmKernel, pack_panels, pad_bias
+from aotpack.ir.kernel import GEMM_PANEL, GemmKernel, pack_panels, pad_bias
 from conftest import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 TIED = MODELS / "tied_weights.py"

@@ -6,12 +6,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from aotpack import backends, candidates, gemm, parity, replay, report
+from aotpack import backends
+from aotpack.tune import candidates
+from aotpack.ir import gemm
+from aotpack.runtime import parity
+from aotpack.tune import replay
+from aotpack.commands import report
 from aotpack.config import Settings
-from aotpack.autotune import Choice, PythonModeRun, gemm_twins
-from aotpack.export import export_model, load_model_file
-from aotpack.ir import ExternCall, KernelCall
-from aotpack.lowering import lower
+from aotpack.tune.autotune import Choice, PythonModeRun, gemm_twins
+from aotpack.frontend.export import export_model, load_model_file
+from aotpack.ir.graph import ExternCall, KernelCall
+from aotpack.lower.lowering import lower
 from test_kernel_ir import lowered_source
 
 pytestmark = pytest.mark.unit
@@ -159,7 +164,7 @@ def test_manifest_entries_and_inspect_table(zoo):
 
 
 def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):
-    from aotpack import gemm_cache
+    from aotpack.tune import gemm_cache
 
     graph, _, _ = zoo
     steps = _steps(graph)

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from aotpack.ir import Index, flat_index, unflatten_index
+from aotpack.ir.graph import Index, flat_index, unflatten_index
 
 pytestmark = pytest.mark.unit
 

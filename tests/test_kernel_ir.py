@@ -3,10 +3,11 @@ import textwrap
 
 import pytest
 
-from aotpack import backends, gemm
-from aotpack.export import export_model, load_model_file
-from aotpack.kernel_ir import FusedKernel, GemmKernel, Reduce, walk
-from aotpack.lowering import lower
+from aotpack import backends
+from aotpack.ir import gemm
+from aotpack.frontend.export import export_model, load_model_file
+from aotpack.ir.kernel import FusedKernel, GemmKernel, Reduce, walk
+from aotpack.lower.lowering import lower
 from conftest import SAMPLES
 
 pytestmark = pytest.mark.unit

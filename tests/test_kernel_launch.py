@@ -19,11 +19,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from aotpack import layout
+from aotpack.archive import layout
 from aotpack.backends.cpu import cpp_wrapper
 from aotpack.backends.cpu import launch_abi, wrapper_slot
 from aotpack.errors import AotpackError
-from aotpack.render import render
+from aotpack.codegen.render import render
 
 pytestmark = pytest.mark.native
 

@@ -1,4 +1,4 @@
-"""aotpack/layout.py is the one definition of archive paths: the checked-in C header and
+"""aotpack/archive/layout.py is the one definition of archive paths: the checked-in C header and
 the documented layout (docs/archive.md) must agree with it."""
 import re
 import subprocess
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from aotpack import layout, manifest_rules
+from aotpack.archive import layout
+from aotpack.archive import manifest_rules
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +19,7 @@ HEADER = REPO / "native" / "include" / "aotpack" / "archive_layout.h"
 def test_checked_in_header_is_generated():
     assert HEADER.read_text() == layout.header(), (
         "native/include/aotpack/archive_layout.h is stale: run\n"
-        "  python -m aotpack.layout --header > native/include/aotpack/archive_layout.h")
+        "  python -m aotpack.archive.layout --header > native/include/aotpack/archive_layout.h")
 
 
 def test_header_defines_every_constant():
@@ -27,17 +28,17 @@ def test_header_defines_every_constant():
     for name in dir(layout):
         if name.endswith(("_PATH", "_DIR", "_NAME")) and name.isupper():
             assert re.search(rf'^#define AOTPACK_{name} +"{re.escape(getattr(layout, name))}"$', text, re.M), name
-    assert "do not edit" in text and "python -m aotpack.layout --header" in text
+    assert "do not edit" in text and "python -m aotpack.archive.layout --header" in text
 
 
 def test_command_line_prints_the_header():
-    result = subprocess.run([sys.executable, "-m", "aotpack.layout", "--header"],
+    result = subprocess.run([sys.executable, "-m", "aotpack.archive.layout", "--header"],
                             capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0 and result.stdout == layout.header()
-    result = subprocess.run([sys.executable, "-m", "aotpack.layout"], capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run([sys.executable, "-m", "aotpack.archive.layout"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == \
-        "python -m aotpack.layout: error: the following arguments are required: --header"
+        "python -m aotpack.archive.layout: error: the following arguments are required: --header"
 
 
 def _documented_paths() -> list[str]:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import aotpack
-from aotpack import loader
+from aotpack.runtime import loader
 from aotpack.errors import AotpackError
 from conftest import SAMPLES
 

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 import aotpack
-from aotpack import file_checks, layout, loader
+from aotpack.archive import file_checks
+from aotpack.archive import layout
+from aotpack.runtime import loader
 from aotpack.errors import AotpackError
-from aotpack.reader import read_all
-from aotpack.runtime import find_runtime_library
+from aotpack.archive.reader import read_all
+from aotpack.runtime.native import find_runtime_library
 from conftest import MODELS, SAMPLES, eager_outputs
 
 pytestmark = pytest.mark.native

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import aotpack
-from aotpack import loader
+from aotpack.runtime import loader
 from aotpack.errors import AotpackError
 from conftest import MODELS
 

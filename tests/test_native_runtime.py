@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aotpack import layout
+from aotpack.archive import layout
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "native" / "build"

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from aotpack import cli, loader
+from aotpack.commands import cli
+from aotpack.runtime import loader
 from aotpack.errors import AotpackError
 from conftest import MODELS, eager_outputs
 from test_native_runtime import RUN, fx, require

@@ -1,7 +1,7 @@
 """Fused pointwise/reduction ops and extern calls match eager through the C++ runtime."""
 import torch
 
-from aotpack.package import read_manifest
+from aotpack.archive.writer import read_manifest
 from conftest import MODELS, assert_native_parity
 
 
@@ -38,7 +38,7 @@ def test_build_leaves_user_model_untouched(build_model):
     spec.loader.exec_module(module)
     net = module.model()
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    from aotpack.export import ModelFile, export_model
+    from aotpack.frontend.export import ModelFile, export_model
     export_model(ModelFile(MODELS / "strided_and_mutation.py", net, module.example_inputs(), None))
     for key, value in net.state_dict().items():
         assert torch.equal(value, before[key])
@@ -53,8 +53,8 @@ def test_scalar_inputs_and_outputs(build_model, tmp_path):
 
 
 def test_cond_runs_either_branch_natively(build_model, tmp_path):
-    from aotpack.export import load_model_file
-    from aotpack.runtime import run_tensors
+    from aotpack.frontend.export import load_model_file
+    from aotpack.runtime.native import run_tensors
     result = build_model(MODELS / "branchy.py", topn=2)
     manifest = read_manifest(result.archive)
     visited = {k["name"].rsplit("_", 1)[0]: k["visited"] for k in manifest["kernels"]}
@@ -97,7 +97,7 @@ def test_views_of_computed_values(build_model, tmp_path):
 
 
 def test_narrow_inner_dimension_merges_into_one_loop(build_model, tmp_path):
-    from aotpack.package import read_members
+    from aotpack.archive.writer import read_members
     result = build_model(MODELS / "narrow_rows.py")
     assert_native_parity(result.archive, MODELS / "narrow_rows.py", tmp_path)
     sources = {p: d.decode() for p, d in read_members(result.archive).items() if p.endswith("kernel.cpp")}
@@ -131,8 +131,8 @@ def test_calibration_set_with_another_shape_is_rejected(tmp_path, cache_dir):
 
 
 def test_cond_with_float_predicate_expanded_result_and_half_scalar(build_model, tmp_path):
-    from aotpack.export import load_model_file
-    from aotpack.runtime import run_tensors
+    from aotpack.frontend.export import load_model_file
+    from aotpack.runtime.native import run_tensors
     result = build_model(MODELS / "cond_edge.py")
     model_file = load_model_file(MODELS / "cond_edge.py")
     x, p = model_file.example_inputs

@@ -1,8 +1,8 @@
-"""aotpack.parity.compare: the tolerance rule, NaN and inf handling, and chunking."""
+"""aotpack.runtime.parity.compare: the tolerance rule, NaN and inf handling, and chunking."""
 import pytest
 import torch
 
-from aotpack import parity
+from aotpack.runtime import parity
 
 pytestmark = pytest.mark.unit
 

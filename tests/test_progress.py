@@ -8,7 +8,7 @@ import re
 import pytest
 from rich.console import Console
 
-from aotpack.progress import BuildProgress
+from aotpack.commands.progress import BuildProgress
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ import aotpack
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
-from aotpack.export import load_model, load_model_file
-from aotpack.package import read_manifest
+from aotpack.frontend.export import load_model, load_model_file
+from aotpack.archive.writer import read_manifest
 from conftest import MODELS, SAMPLES
 
 pytestmark = pytest.mark.native

@@ -9,9 +9,12 @@ import json
 import pytest
 import torch
 
-from aotpack import file_checks, layout, manifest_rules, reader
+from aotpack.archive import file_checks
+from aotpack.archive import layout
+from aotpack.archive import manifest_rules
+from aotpack.archive import reader
 from aotpack.errors import AotpackError
-from aotpack.weights import aligned_safetensors
+from aotpack.archive.weights import aligned_safetensors
 
 pytestmark = pytest.mark.unit
 

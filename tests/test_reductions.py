@@ -16,16 +16,18 @@ import textwrap
 import pytest
 import torch
 
-from aotpack import backends, cache, candidates
-from aotpack import compile as compile_stage
-from aotpack.autotune import PythonModeRun
+from aotpack import backends
+from aotpack.tune import cache
+from aotpack.tune import candidates
+from aotpack.tune import compile as compile_stage
+from aotpack.tune.autotune import PythonModeRun
 from aotpack.backends.cpu import lane_sum, renderer, softmax_store, tiling
 from aotpack.config import Settings
-from aotpack.export import export_model, load_model_file
-from aotpack.kernel_ir import online_softmax_pairs
-from aotpack.lowering import lower
+from aotpack.frontend.export import export_model, load_model_file
+from aotpack.ir.kernel import online_softmax_pairs
+from aotpack.lower.lowering import lower
 from aotpack.build import build
-from aotpack.package import read_manifest
+from aotpack.archive.writer import read_manifest
 from conftest import assert_native_parity
 
 pytestmark = pytest.mark.native

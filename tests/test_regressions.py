@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from aotpack import layout
-from aotpack.runtime import CHECKOUT
+from aotpack.archive import layout
+from aotpack.runtime.native import CHECKOUT
 from conftest import MODELS, assert_native_parity
 
 
@@ -80,7 +80,7 @@ class NativeModel:
 def test_state_across_runs_matches_eager_and_outputs_never_alias_the_model(build_model, name):
     """Three runs of one loaded model match three eager calls, although the caller
     overwrites every output it gets (outputs must not share memory with weights or state)."""
-    from aotpack.export import load_model_file
+    from aotpack.frontend.export import load_model_file
     path = MODELS / f"{name}.py"
     archive = build_model(path).archive
     model_file = load_model_file(path)
@@ -101,8 +101,8 @@ def test_state_across_runs_matches_eager_and_outputs_never_alias_the_model(build
 
 def test_max_pool_is_fused_unless_its_indices_are_read(build_model, tmp_path):
     from aotpack import backends
-    from aotpack.export import export_model, load_model_file
-    from aotpack.lowering import lower
+    from aotpack.frontend.export import export_model, load_model_file
+    from aotpack.lower.lowering import lower
 
     path = MODELS / "max_pool.py"
     result = build_model(path)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from aotpack import signing
+from aotpack.archive import signing
 from aotpack.config import available_cores
 
 from helpers import cache_entries as entries, cache_root, leftovers, run_native, signed_copy
@@ -120,7 +120,7 @@ def test_tampered_file_is_refused_before_dlopen(signed, keys, env, tmp_path):
 
 
 def test_python_verify_checks_signatures(signed, keys, fixture):
-    from aotpack.verify import verify
+    from aotpack.commands.verify import verify
     lines = verify(signed, trusted_keys=[str(keys["other_public"]), str(keys["public"])])
     assert lines[1].startswith(f"signature: valid, key {keys['public']} (sha256 ")
     with pytest.raises(Exception, match="the archive is not signed"):

@@ -7,7 +7,7 @@ import pytest
 from aotpack.build import build
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
-from aotpack.package import read_manifest
+from aotpack.archive.writer import read_manifest
 from conftest import MODELS, SAMPLES, assert_native_parity
 
 pytestmark = pytest.mark.native

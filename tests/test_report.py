@@ -1,7 +1,7 @@
 """inspect's derived tables from a manifest and a kernels.ir text (no compiler needed)."""
 import pytest
 
-from aotpack import report
+from aotpack.commands import report
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from aotpack import layout
-from aotpack.package import read_manifest, read_members
+from aotpack.archive import layout
+from aotpack.archive.writer import read_manifest, read_members
 from aotpack.backends.base import kernel_key
 from conftest import SAMPLES, assert_native_parity
 
@@ -30,7 +30,7 @@ def test_topn3_compiles_and_times_several_candidates(build_model, sample):
         assert all(t > 0 for t in k["timings_us"])
         assert k["visited"]
         # the winner is the fastest timed candidate, or one the decision rule prefers to it
-        # (fewer threads, then first in the solver's order: aotpack.timing.decide)
+        # (fewer threads, then first in the solver's order: aotpack.tune.timing.decide)
         def preference(i):
             return int(re.search(r"block_dim=(\d+)", k["candidate_tilings"][i]).group(1)), i
         fastest = k["timings_us"].index(min(k["timings_us"]))

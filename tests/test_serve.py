@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aotpack import parity
-from aotpack.runtime import CHECKOUT, find_server
+from aotpack.runtime import parity
+from aotpack.runtime.native import CHECKOUT, find_server
 from conftest import MODELS, SAMPLES, eager_outputs
 from test_core_partitions import CORES, pinned
 
@@ -399,7 +399,7 @@ def test_installed_prefix_serves_without_python(archives, tmp_path):
 def test_aotpack_serve_launches_the_binary(tmp_path):
     import sys
 
-    cli = [sys.executable, "-m", "aotpack.cli", "serve"]
+    cli = [sys.executable, "-m", "aotpack.commands.cli", "serve"]
     done = subprocess.run([*cli, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: aotpack-serve MODEL_DIR")
     done = subprocess.run([*cli, tmp_path], capture_output=True, text=True, timeout=60,

@@ -10,9 +10,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 import aotpack
-from aotpack import cli, loader, reader, signing
+from aotpack.commands import cli
+from aotpack.runtime import loader
+from aotpack.archive import reader
+from aotpack.archive import signing
 from aotpack.errors import AotpackError
-from aotpack.verify import verify
+from aotpack.commands.verify import verify
 from helpers import run_native, signed_copy
 from test_native_runtime import fx
 
@@ -169,7 +172,7 @@ def test_keys_are_passed_to_the_load_not_written_to_the_environment(fixture, sig
         return real_load(path, *args, **kwargs)
 
     monkeypatch.setattr(loader, "load", spy)
-    monkeypatch.setattr("aotpack.run.load", spy)
+    monkeypatch.setattr("aotpack.commands.run.load", spy)
     status, _, err = aotpack_main("run", signed, "--inputs", fixture["x"], "--trusted-key", keys["public"])
     assert status == 0, err
     status, out, err = aotpack_main("verify", signed, "--run", "--trusted-key", keys["public"])

@@ -1,12 +1,12 @@
-"""aotpack.timing: robust PGO statistics, driven by a fake launcher whose samples are scripted
+"""aotpack.tune.timing: robust PGO statistics, driven by a fake launcher whose samples are scripted
 (no compiler, no real timing: every number below is exact)."""
 import math
 
 import pytest
 
-from aotpack import timing
-from aotpack.cache import KernelFolder
-from aotpack.timing import Timing, decide, measure
+from aotpack.tune import timing
+from aotpack.tune.cache import KernelFolder
+from aotpack.tune.timing import Timing, decide, measure
 
 pytestmark = pytest.mark.unit
 

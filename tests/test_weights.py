@@ -1,4 +1,4 @@
-"""Each weight stored once (aotpack.weights, manifest ``weight_aliases``), unread constants
+"""Each weight stored once (aotpack.archive.weights, manifest ``weight_aliases``), unread constants
 dropped, tensor entries in their own low-level zstd frame, and both readers refusing bad
 aliases with the same one-line message."""
 from __future__ import annotations
@@ -10,10 +10,14 @@ import safetensors.torch
 import torch
 import zstandard
 
-from aotpack import layout, manifest_rules, package, parity, reader
+from aotpack.archive import layout
+from aotpack.archive import manifest_rules
+from aotpack.archive import writer as package
+from aotpack.runtime import parity
+from aotpack.archive import reader
 from aotpack.errors import AotpackError
-from aotpack.export import load_model_file
-from aotpack.loader import load
+from aotpack.frontend.export import load_model_file
+from aotpack.runtime.loader import load
 from conftest import MODELS, eager_outputs
 
 pytestmark = pytest.mark.native
@@ -149,7 +153,8 @@ def test_mutated_buffer_cannot_be_aliased(tied, tmp_path):
 
 
 def test_native_checks_cost_one_load_and_one_run(cache_dir, tmp_path, monkeypatch):
-    from aotpack import loader, verify
+    from aotpack.runtime import loader
+    from aotpack.commands import verify
     from aotpack.build import build
     from aotpack.config import Settings
 

@@ -1,6 +1,6 @@
 """weights/weights.safetensors is a standard safetensors file whose tensors start at
 ``layout.WEIGHTS_ALIGNMENT`` bytes (so the runtime maps them without a copy) wherever
-their size allows it (aotpack.weights.aligned_safetensors)."""
+their size allows it (aotpack.archive.weights.aligned_safetensors)."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from aotpack import layout
-from aotpack.weights import aligned_safetensors
+from aotpack.archive import layout
+from aotpack.archive.weights import aligned_safetensors
 
 pytestmark = pytest.mark.unit
 

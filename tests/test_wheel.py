@@ -59,7 +59,7 @@ def test_installed_copy_builds_and_runs_without_the_checkout(installed, tmp_path
     env.update(PYTHONPATH=str(installed), AOTPACK_CACHE_DIR=str(cache_dir))
     script = f"""
 import sys, numpy as np, torch, aotpack
-from aotpack import runtime
+from aotpack.runtime import native as runtime
 assert runtime.find_runtime().is_relative_to({str(installed)!r}), runtime.find_runtime()
 assert runtime.find_runtime_library().is_relative_to({str(installed)!r})
 x = np.load(sys.argv[1])

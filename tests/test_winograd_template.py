@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aotpack import gemm_lowering
+from aotpack.lower import gemm_lowering
 from aotpack.backends.cpu import winograd_template
-from aotpack.ir import Buffer, contiguous_strides
-from aotpack.kernel_ir import WINOGRAD_G, WinogradConvKernel, winograd_weights
+from aotpack.ir.graph import Buffer, contiguous_strides
+from aotpack.ir.kernel import WINOGRAD_G, WinogradConvKernel, winograd_weights
 from test_conv_template import assert_every_tiling_matches
 
 ATOL, RTOL = 1e-4, 1e-4

@@ -45,7 +45,7 @@ bool is_regular_file(struct archive_entry* entry, const std::string& path) {
 }
 
 // A zstd frame (28 b5 2f fd) or a skippable frame (5? 2a 4d 18) starts the file: both are
-// zstd's format (aotpack/reader.py's _is_zstd).
+// zstd's format (aotpack/archive/reader.py's _is_zstd).
 bool is_zstd_magic(const unsigned char* m) {
   return (m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd) ||
          ((m[0] & 0xf0) == 0x50 && m[1] == 0x2a && m[2] == 0x4d && m[3] == 0x18);
@@ -62,7 +62,7 @@ ssize_t read_fd(int fd, void* buffer, size_t size) {
 
 // The zstd layer, decoded here rather than by libarchive's filter so that the stream is
 // read to its end after the tar's (libarchive stops at the end-of-archive block): the
-// same decoding as aotpack/reader.py's _Zstd (libzstd there too), frame after frame,
+// same decoding as aotpack/archive/reader.py's _Zstd (libzstd there too), frame after frame,
 // skippable frames skipped, checksums verified, a stream ending inside a frame refused.
 // libarchive reads the decoded tar through read_cb.
 struct ArchiveReader::Source {
@@ -124,7 +124,7 @@ struct ArchiveReader::Source {
   }
 
   // Whether the decoded stream is zstd again: a zstd frame, possibly after skippable
-  // frames within its first MiB (aotpack/reader.py's _inner_zstd). Throws.
+  // frames within its first MiB (aotpack/archive/reader.py's _inner_zstd). Throws.
   bool inner_zstd() {
     uint64_t offset = 0;
     while (offset < kTailLimit) {

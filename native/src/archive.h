@@ -53,7 +53,7 @@ class ArchiveReader {
 /// Throws unless `path` is a plain relative path: not empty, at most AOTPACK_MAX_PATH_BYTES
 /// bytes and AOTPACK_MAX_PATH_COMPONENTS components of at most AOTPACK_MAX_NAME_BYTES, not
 /// absolute, no "..", "." or empty components nor one starting with '.', only printable
-/// ASCII other than space and backslash (aotpack/manifest_rules.py's check_entry_path).
+/// ASCII other than space and backslash (aotpack/archive/manifest_rules.py's check_entry_path).
 void check_entry_path(const std::string& path);
 
 }  // namespace aotpack::detail

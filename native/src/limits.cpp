@@ -8,7 +8,7 @@
 namespace aotpack::detail {
 namespace {
 
-// Decimal digits only, 1 to AOTPACK_LIMIT_VALUE_MAX: the rule of aotpack/reader.py's
+// Decimal digits only, 1 to AOTPACK_LIMIT_VALUE_MAX: the rule of aotpack/archive/reader.py's
 // parse_limit (strtoull alone would take " 5", "+5" and "-5").
 void override_from(const char* name, uint64_t* value) {
   const char* raw = std::getenv(name);

@@ -1,6 +1,6 @@
 // Limits on what reading an archive may cost (docs/archive.md, "Reading rules" 5). The
-// defaults are declared once, in aotpack/layout.py (archive_layout.h is generated from it);
-// aotpack/reader.py reads the same variables with the same rule.
+// defaults are declared once, in aotpack/archive/layout.py (archive_layout.h is generated from it);
+// aotpack/archive/reader.py reads the same variables with the same rule.
 #pragma once
 
 #include <cstdint>

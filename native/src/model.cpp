@@ -86,7 +86,7 @@ bool same_strides(c10::IntArrayRef shape, c10::IntArrayRef got, c10::IntArrayRef
 // Alignment of a constant the kernels read in place: a vector load of a GEMM weight panel
 // that straddles two cache lines costs more than one that does not (measured: samples/mlp.py
 // with GEMM template winners, aotpack-run at 2 threads, 1.17 -> 1.08 ms median). The writer
-// (aotpack/weights.py) starts every constant whose size is a multiple of it at such an
+// (aotpack/archive/weights.py) starts every constant whose size is a multiple of it at such an
 // offset; an unaligned constant is copied once at load, into ATen's aligned memory.
 constexpr uintptr_t kConstantAlignment = AOTPACK_WEIGHTS_ALIGNMENT;
 

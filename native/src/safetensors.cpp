@@ -70,7 +70,7 @@ SafeTensorView parse_tensor(const json& info, const std::string& name, const cha
 
 // The data_offsets, sorted, must tile [0, data_size): no two tensors share a byte and no
 // byte belongs to no tensor (huggingface/safetensors' own validation; aotpack's writer
-// pads the header, never the data). Same rule and messages as aotpack/file_checks.py.
+// pads the header, never the data). Same rule and messages as aotpack/archive/file_checks.py.
 void check_tiling(const std::map<std::string, SafeTensorView>& tensors, const char* data,
                   uint64_t data_size) {
   struct Span {

@@ -36,11 +36,14 @@ SEPARATOR = "==== "
 
 def generate(model: str) -> dict[str, str]:
     """Archive-relative path -> generated source, for one model file (no compiler run)."""
-    from aotpack import backends, candidates, codegen, layout
-    from aotpack.autotune import Choice
+    from aotpack import backends
+    from aotpack.tune import candidates
+    from aotpack.codegen import wrapper as codegen
+    from aotpack.archive import layout
+    from aotpack.tune.autotune import Choice
     from aotpack.config import Settings
-    from aotpack.export import export_model, load_model_file
-    from aotpack.lowering import lower
+    from aotpack.frontend.export import export_model, load_model_file
+    from aotpack.lower.lowering import lower
 
     backend = backends.get("cpu")
     # every candidate of the space is pinned, tiny kernels and those estimated far behind too

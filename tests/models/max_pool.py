@@ -1,4 +1,4 @@
-"""Max pooling lowered to fused kernels (``aotpack/pooling.py``): ResNet's 3x3 stride-2
+"""Max pooling lowered to fused kernels (``aotpack/lower/pooling.py``): ResNet's 3x3 stride-2
 pool with padding of a ReLU, no padding, dilation with ceil_mode (windows cut at the
 end), a 3-D input, a stride along the rows only (one pass, read in place), NaN and -inf
 in the windows; a pool whose indices are read stays an ATen call."""

@@ -1,5 +1,5 @@
 """Three identical linear + tanh layers (each with its own weights) and a head of another
-shape: the layers' GEMM steps are twins, timed once per input set (aotpack.autotune)."""
+shape: the layers' GEMM steps are twins, timed once per input set (aotpack.tune.autotune)."""
 import torch
 from torch import nn
 

@@ -29,7 +29,7 @@ import zstandard
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's archive paths, also when run as a script
-from aotpack import layout  # noqa: E402
+from aotpack.archive import layout  # noqa: E402
 MODEL_SOURCE = HERE / "model.cpp"
 
 NAME, VERSION = "fixture_mlp", "0.1.0"

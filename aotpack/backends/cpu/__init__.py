@@ -17,7 +17,8 @@ import dataclasses
 import time
 from pathlib import Path
 
-from aotpack import cache, leftovers
+from aotpack import leftovers
+from aotpack.tune import cache
 from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (attention_template, bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
                                   gemm_template, tiling, winograd_template, wrapper_slot)
@@ -25,7 +26,7 @@ from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
-from aotpack.kernel_ir import AttentionKernel, BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
+from aotpack.ir.kernel import AttentionKernel, BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
 
 
 #: Kernel kinds with a template of their own: each module has ``solve``, ``estimate_us``

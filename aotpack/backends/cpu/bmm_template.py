@@ -24,8 +24,8 @@ from aotpack.backends.cpu.gemm_template import (L2_BLOCK_BYTES, PARALLEL_MIN_FLO
                                                 VECTOR_BYTES, latency_rows, row_choices, tile_width, wide_speedup,
                                                 wide_suffix)
 from aotpack.config import MAX_TOPN
-from aotpack.kernel_ir import BmmKernel
-from aotpack.render import render
+from aotpack.ir.kernel import BmmKernel
+from aotpack.codegen.render import render
 
 #: Bytes a thread's panel slot is rounded up to (the workspace alignment).
 SLOT_ALIGN = 64

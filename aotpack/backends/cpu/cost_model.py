@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from aotpack.backends.cpu.tiling import Tiling
-from aotpack.kernel_ir import FusedKernel, Load, Op, walk
+from aotpack.ir.kernel import FusedKernel, Load, Op, walk
 
 #: Bytes per second one thread streams, and the socket's ceiling (assumed; module docstring).
 THREAD_BANDWIDTH = 10e9

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from aotpack import layout
+from aotpack.archive import layout
 from aotpack.errors import AotpackError
-from aotpack.ir import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
-from aotpack.kernel_ir import pack_panels
-from aotpack.render import render
+from aotpack.ir.graph import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
+from aotpack.ir.kernel import pack_panels
+from aotpack.codegen.render import render
 
 
 #: Model ABI (AOTPACK_MODEL_ABI_VERSION_MAJOR/_MINOR in model_abi.h). The manifest's

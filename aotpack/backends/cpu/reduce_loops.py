@@ -26,8 +26,8 @@ import math
 from aotpack.backends.cpu import lane_sum
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.renderer import REDUCTION_CLAUSE, REDUCTION_COMBINE, KernelWriter, _accumulator, _Block
-from aotpack.index import contiguous_strides
-from aotpack.kernel_ir import FusedKernel, Reduce
+from aotpack.ir.index import contiguous_strides
+from aotpack.ir.kernel import FusedKernel, Reduce
 
 #: Bytes of one partial result slot in a split reduction's workspace (accumulator, then NaN flag).
 SLOT_BYTES = 16

@@ -46,7 +46,7 @@ from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.renderer import (
     ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, _accumulator, _Block, chunk_max_lines,
 )
-from aotpack.kernel_ir import FusedKernel, Load, Piecewise, softmax_output, walk
+from aotpack.ir.kernel import FusedKernel, Load, Piecewise, softmax_output, walk
 
 #: Most chunks per row (their running maxes live on the stack: 16 KiB of float32).
 MAX_CHUNKS = 4096

@@ -22,7 +22,7 @@ from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
 from aotpack.backends.cpu import softmax_store
 from aotpack.backends.cpu.reduce_loops import split_workspace_bytes
-from aotpack.kernel_ir import FusedKernel, column_access, flat_reductions, online_softmax_pairs
+from aotpack.ir.kernel import FusedKernel, column_access, flat_reductions, online_softmax_pairs
 
 #: Below this many elements per kernel a parallel region costs more than it saves
 #: (an empty 2-thread OpenMP region costs ~0.8 us on a 2-core host).

@@ -16,11 +16,12 @@ import subprocess
 import threading
 from pathlib import Path
 
-from aotpack import cache, leftovers
+from aotpack import leftovers
+from aotpack.tune import cache
 from aotpack.backends.base import Toolchain
 from aotpack.backends.cpu import wrapper_slot
 from aotpack.errors import AotpackError
-from aotpack.render import include_dir
+from aotpack.codegen.render import include_dir
 
 CXX = os.environ.get("CXX", "g++")
 #: Flags of every static kernel. No -ffast-math: masks use -inf and NaN must survive.

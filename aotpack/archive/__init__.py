@@ -1,0 +1,1 @@
+"""Stage 7: the versioned archive: its layout, writer, reader and signatures."""

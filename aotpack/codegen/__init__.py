@@ -1,0 +1,1 @@
+"""Stage 6: CppWrapper code generation with the winners baked in."""

@@ -1,0 +1,27 @@
+"""Stage: CppWrapper codegen after autotuning (``generate``).
+
+Each distinct kernel's winner is fixed by now; the backend renders the host source
+(``model.cpp`` on the CPU) with every winner's ``lib_kernel`` and ``kernel_key`` baked in.
+"""
+from __future__ import annotations
+
+from aotpack.ir import gemm
+
+
+def winners(candidate_sets: dict, choices: dict) -> list:
+    """``(FusedKernel, winning candidate)`` per distinct kernel, in first-use order."""
+    return [(cs.kernel, cs.candidates[choices[kid].index]) for kid, cs in candidate_sets.items()]
+
+
+def generate(graph, backend, candidate_sets: dict, choices: dict, meta: dict) -> str:
+    """The model's host source for ``graph`` with the chosen candidates.
+
+    Args:
+        candidate_sets: ``kernel_id -> CandidateSet`` (``candidates.prepare``).
+        choices: ``kernel_id -> Choice`` (``autotune.tune``).
+        meta: name, version, aotpack_version, device_limit.
+    """
+    graph = gemm.resolve(graph, choices)  # a no-op after build resolved it
+    used = {k.kernel_id for k in graph.kernels}
+    sets = {kid: cs for kid, cs in candidate_sets.items() if kid in used}
+    return backend.generate_model(graph, winners(sets, choices), meta)

@@ -1,0 +1,1 @@
+"""The command line: build, run, inspect, verify, diff, cache."""

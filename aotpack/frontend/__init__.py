@@ -1,0 +1,1 @@
+"""Stage 1: the model file contract and torch.export."""

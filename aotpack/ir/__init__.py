@@ -1,0 +1,1 @@
+"""The backend-neutral IR: affine indices, buffers and graph steps, fused kernels."""

@@ -1,0 +1,191 @@
+"""Tunable GEMM/convolution steps: several implementations of one linear, conv2d or
+batched GEMM of two runtime operands (``bmm_lowering``: ``aten`` vs aotpack's
+``kernel_ir.BmmKernel``), timed by PGO like a kernel's candidates, the winner baked into
+the model.
+
+A ``GemmStep`` computes one ``GemmMatch`` (``gemm_match``: the GEMM and its epilogue)
+into one output buffer. Each ``GemmVariant`` is a list of ordinary steps writing that
+buffer:
+
+* ``aten``: the ATen call (``addmm``/``mm``/``convolution``), then the epilogue as a
+  fused aotpack kernel (what aotpack runs without this module); a convolution offers it
+  only when no aotpack kernel (``template``, ``winograd``) applies;
+* ``mkl`` (linear, where torch has MKL): ``mkl::_mkl_linear`` on an MKL-packed weight,
+  then the same epilogue kernel;
+* ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
+  blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual);
+* ``template`` (linear): aotpack's own GEMM kernel (``kernel_ir.GemmKernel``), whose
+  tilings are candidates like a fused kernel's; its weight panels are packed at build
+  time and shipped as constants (a layout of aotpack's own, not the CPU's ISA); where
+  the dense weight is read anyway (a tied embedding), model.cpp packs them at load instead,
+  so no weight is shipped twice;
+* ``template`` (depthwise conv2d, groups == channels): aotpack's own depthwise kernel
+  (``kernel_ir.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight;
+* ``winograd`` (3x3 stride-1 conv2d): aotpack's F(2x2, 3x3) kernel
+  (``kernel_ir.WinogradConvKernel``) on filters transformed at build time, bias and
+  epilogue fused.
+
+An attention block (``attention_lowering``) is a step of kind ``attention`` whose variants
+are the unfused lowering, one per combination of its two bmm steps' variants
+(``unfused:aten+aten`` ...; those bmm steps are flattened into it), and ``template``,
+aotpack's fused attention kernel (``kernel_ir.AttentionKernel``).
+
+Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
+pick for the CPU they run on; the archive ships the dense weight (it is a constant
+anyway) and the model packs it once at load (``create``) with the same op the build
+used. Packed bytes would tie the archive to the build CPU's ISA and are not strided
+tensors safetensors can hold.
+
+After tuning, ``resolve`` replaces every ``GemmStep`` by its winner's steps, so codegen,
+liveness and packaging see only extern calls and kernel launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from aotpack.ir.graph import Buffer, CondStep, ExternArg, ExternCall, KernelCall, walk_steps
+from aotpack.ir.kernel import pack_panels
+
+
+#: Variants that are aotpack's own kernels, epilogue fused, planned with the graph (nothing
+#: allocated per call); a close call in tuning goes to the lower rank, extern calls last. An
+#: attention step's unfused variant of two bmm templates is all aotpack kernels too: ranked
+#: before the ATen ones, so that on a busy machine, where no variant is clearly faster than
+#: ATen's, it is not ATen that stays (DistilBERT at 2 threads kept `unfused:aten+aten` at
+#: 987 us over `unfused:template+template` at 523 us).
+OWN_KERNEL_RANKS = {"template": 0, "winograd": 1, "unfused:template+template": 1}
+
+
+@dataclass(eq=False)
+class PackedWeight:
+    """``buffer`` (kind ``packed``) = ``op(*args)``, computed once at load from a constant."""
+
+    buffer: Buffer
+    op: object  # torch._ops.OpOverload, or kernel_ir.pack_panels (a loop in model.cpp)
+    args: list  # ExternArg; tensor arguments are whole constants
+
+
+@dataclass(eq=False)
+class GemmVariant:
+    """One implementation: ``steps`` (ExternCall/KernelCall) writing the step's output."""
+
+    name: str
+    steps: list
+    packed: list  # PackedWeight it reads
+    #: (panels constant, dense weight) of a GEMM template: packed at build time, or at load
+    #: (``resolve``) where the dense weight is read anyway (a tied embedding)
+    panels: tuple = ()
+
+
+@dataclass(eq=False)
+class GemmStep:
+    """A linear/conv2d with its epilogue, or a bmm, implemented by one of ``variants`` (0 = ATen;
+    oneDNN for a convolution that offers aotpack kernels, see ``gemm_lowering``).
+
+    ``key`` names the step in the tuning choices (``gemm:<name>``); ``shape`` describes
+    it (``MxKxN`` for a linear, ``NCHW->KCRS`` for a conv, ``BxMxKxN`` for a bmm).
+    """
+
+    name: str
+    kind: str
+    shape: str
+    epilogue: str
+    variants: list
+    output: Buffer
+    #: constants every variant replaces (a convolution's weight, bias and batch-norm
+    #: statistics, folded into new ones): not shipped unless another step reads them
+    replaced: tuple = ()
+
+    @property
+    def key(self) -> str:
+        """The step's key in ``autotune.tune``'s choices."""
+        return f"gemm:{self.name}"
+
+    def reads(self) -> list[Buffer]:
+        """What any variant reads."""
+        return [b for v in self.variants for s in v.steps for b in s.reads()]
+
+    def writes(self) -> list[Buffer]:
+        """What any variant writes (the output and the variants' temporaries)."""
+        return [b for v in self.variants for s in v.steps for b in s.writes()]
+
+    def buffers(self) -> list[Buffer]:
+        """Every buffer the step touches."""
+        return self.writes() + self.reads()
+
+
+def _resolve_steps(steps: list, choices: dict) -> list:
+    out = []
+    for step in steps:
+        if isinstance(step, GemmStep):
+            choice = choices.get(step.key)
+            out.extend(step.variants[choice.index if choice else 0].steps)
+        elif isinstance(step, CondStep):
+            out.append(dataclasses.replace(step, true_steps=_resolve_steps(step.true_steps, choices),
+                                           false_steps=_resolve_steps(step.false_steps, choices)))
+        else:
+            out.append(step)
+    return out
+
+
+def gemm_steps(graph) -> list[GemmStep]:
+    """Every ``GemmStep`` of ``graph``, in order."""
+    return [s for s in walk_steps(graph.steps) if isinstance(s, GemmStep)]
+
+
+def resolve(graph, choices: dict):
+    """``graph`` with each ``GemmStep`` replaced by its chosen variant's steps (variant 0
+    where ``choices`` has no entry), and only the kernels, packed weights and GEMM
+    constants those use.
+    A graph without GEMM steps comes back unchanged."""
+    if not gemm_steps(graph):
+        return graph
+    steps = _resolve_steps(graph.steps, choices)
+    launched = {id(s.kernel) for s in walk_steps(steps) if isinstance(s, KernelCall)}
+    read = {id(b) for s in walk_steps(steps) if isinstance(s, ExternCall) for b in s.reads()}
+    packed = [p for p in graph.packed if id(p.buffer) in read]
+    # constants only the losing variants read (a dense weight or its template panels) are not shipped
+    offered = {id(b) for step in gemm_steps(graph) for b in [*step.reads(), *step.replaced, *_packed_from(step)]}
+    needed = {id(b) for s in walk_steps(steps) for b in s.reads()}
+    needed |= {id(a.value[0]) for p in packed for a in p.args if a.kind == "tensor"}
+    needed |= {id(parts[0]) for parts in graph.outputs}
+    constants = [b for b in graph.constants if id(b) not in offered or id(b) in needed]
+    for panels, weight in _chosen_panels(graph, choices):
+        if id(weight) in needed:  # shipped once, dense; the model packs the panels at load
+            constants = [b for b in constants if b is not panels]
+            packed.append(PackedWeight(panels, pack_panels, [ExternArg("tensor", (weight, weight.shape,
+                                                                                   weight.strides, 0))]))
+    return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
+                               packed=packed, constants=constants,
+                               constant_tensors={b.name: graph.constant_tensors[b.name] for b in constants})
+
+
+def _packed_from(step: GemmStep) -> list[Buffer]:
+    """The dense weights the step's variants pack at load (oneDNN/MKL ``PackedWeight`` args)."""
+    return [a.value[0] for v in step.variants for p in v.packed for a in p.args if a.kind == "tensor"]
+
+
+def _chosen_panels(graph, choices: dict) -> list[tuple]:
+    """(panels, dense weight) of every GEMM template that won its step."""
+    found = []
+    for step in gemm_steps(graph):
+        choice = choices.get(step.key)
+        found.extend(step.variants[choice.index if choice else 0].panels)
+    return found
+
+
+def manifest_entries(graph, choices: dict) -> list[dict]:
+    """The manifest's ``gemms``: per GEMM/conv step its candidates, timings (us, empty
+    when not timed) and winner, like a kernel's entry."""
+    entries = []
+    for step in gemm_steps(graph):
+        choice = choices.get(step.key)
+        index = choice.index if choice else 0
+        entries.append({
+            "name": step.name, "kind": step.kind, "shape": step.shape, "epilogue": step.epilogue,
+            "candidates": [v.name for v in step.variants], "winner": step.variants[index].name,
+            "timings_us": [round(t, 3) for t in (choice.timings_us if choice else ())],
+            "visited": bool(choice and choice.visited),
+        })
+    return entries

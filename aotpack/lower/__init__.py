@@ -1,0 +1,1 @@
+"""Stage 2: an exported FX graph lowered to fused kernels, GEMM steps and extern calls."""

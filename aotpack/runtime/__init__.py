@@ -1,0 +1,1 @@
+"""Stage 8 from Python: the native runtime located, loaded in-process, compared with eager."""

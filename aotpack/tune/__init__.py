@@ -1,0 +1,1 @@
+"""Stages 3-5: TopN candidates, their compilation and cache, PGO timing of the candidates."""
