@@ -1,6 +1,6 @@
 """Pure reporting of the side-by-side benchmark (benchmarks/peers.py): statistics, ratios,
 geomeans and the Markdown tables of docs/performance.md, from the result dictionary the
-driver writes (also its ``--json``). No torch, no peers: tests/test_bench_report.py checks
+driver writes (also its ``--json``). No torch, no peers: tests/unit/test_bench_report.py checks
 it on fixed numbers.
 
 Result layout (JSON-compatible; thread counts are string keys)::

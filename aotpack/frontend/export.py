@@ -314,7 +314,7 @@ def _export_one_pass(model_file: ModelFile) -> torch.export.ExportedProgram | No
     ``torch.export.export`` traces to the training IR and ``run_decompositions`` traces
     that again; torch's non-strict aot-dispatch export applies the decomposition table
     during its one trace, holding the composite ops the table keeps whole (SDPA, upsample)
-    as ``run_decompositions`` does. Same kernel IR (``tests/test_export_one_pass.py``) in
+    as ``run_decompositions`` does. Same kernel IR (``tests/unit/test_export_one_pass.py``) in
     ~0.6x the export time (MobileNetV3-Small 1.6-1.7 -> 1.0 s, transformer_block 0.48-0.53
     -> 0.29 s; ViT-S/16 level, Zen 3); it leaves out the no-op ``_assert_tensor_metadata``
     checks of ``.to()`` and the constants only they read. A module with tied tensors

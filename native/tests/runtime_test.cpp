@@ -1,6 +1,6 @@
 // Unit tests of the runtime's parts that need no archive: paths, .npy, safetensors, manifest,
 // CPU features, the host table, the temp folder. End-to-end tests over a real archive are in
-// tests/test_native_runtime.py. Exit status 0 when every check passes.
+// tests/native/test_native_runtime.py. Exit status 0 when every check passes.
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>

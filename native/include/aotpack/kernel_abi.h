@@ -26,7 +26,7 @@
  *
  * Generated kernels and wrappers are compiled without any -I flag, so they do not include
  * this header: they inline the same declarations from templates/kernel_abi.h.j2 (a copy
- * without these comments). tests/test_kernel_abi.py checks that both declare the same code.
+ * without these comments). tests/unit/test_kernel_abi.py checks that both declare the same code.
  * Change both together.
  */
 #ifndef AOTPACK_KERNEL_ABI_H
