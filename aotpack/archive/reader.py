@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
