@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Callable
 
 import zstandard
 
+from aotpack import env
 from aotpack.archive import file_checks
 from aotpack.archive import layout
 from aotpack.archive import manifest_rules
@@ -37,23 +37,9 @@ def _is_zstd(head: bytes) -> bool:
     return head == _ZSTD_MAGIC or (len(head) == 4 and head[1:] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50)
 
 
-#: Environment variable of each Limits field (native/src/limits.cpp reads the same).
-LIMIT_VARIABLES = (("max_entries", "AOTPACK_MAX_ENTRIES"), ("max_entry_bytes", "AOTPACK_MAX_ENTRY_BYTES"),
-                   ("max_total_bytes", "AOTPACK_MAX_TOTAL_BYTES"), ("max_manifest_bytes", "AOTPACK_MAX_MANIFEST_BYTES"))
-
-
-def parse_limit(name: str, raw: str) -> int:
-    """The value of limit variable ``name``: decimal digits only (no sign, space or
-    underscore), from 1 to ``layout.LIMIT_VALUE_MAX``, the runtime's rule.
-
-    Raises:
-        AotpackError: "<name> must be an integer from 1 to 9223372036854775807, got '<raw>'".
-    """
-    significant = raw.lstrip("0")
-    digits = raw.isascii() and raw.isdigit() and len(significant) <= 19  # int() of 5000 digits raises
-    if not digits or not 1 <= int(significant or "0") <= layout.LIMIT_VALUE_MAX:
-        raise AotpackError(f"{name} must be an integer from 1 to {layout.LIMIT_VALUE_MAX}, got '{raw}'")
-    return int(significant)
+#: The registry's variable of each Limits field (native/src/limits.cpp reads the same).
+LIMIT_VARIABLES = (("max_entries", env.MAX_ENTRIES), ("max_entry_bytes", env.MAX_ENTRY_BYTES),
+                   ("max_total_bytes", env.MAX_TOTAL_BYTES), ("max_manifest_bytes", env.MAX_MANIFEST_BYTES))
 
 
 @dataclass(frozen=True)
@@ -68,14 +54,12 @@ class Limits:
     @classmethod
     def from_env(cls) -> "Limits":
         """Defaults overridden by AOTPACK_MAX_ENTRIES / _ENTRY_BYTES / _TOTAL_BYTES /
-        _MANIFEST_BYTES (``parse_limit``; empty = unset).
+        _MANIFEST_BYTES (``env.parse_limit``; empty = unset).
 
         Raises:
-            AotpackError: a variable ``parse_limit`` refuses.
+            AotpackError: a variable ``env.parse_limit`` refuses.
         """
-        values = {attr: parse_limit(name, os.environ[name])
-                  for attr, name in LIMIT_VARIABLES if os.environ.get(name, "")}
-        return cls(**values)
+        return cls(**{attr: env.get(var) for attr, var in LIMIT_VARIABLES})
 
 
 def trusted_keys_from_env() -> list[str]:

@@ -12,15 +12,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from aotpack import env
 from aotpack.archive import layout
 from aotpack.errors import AotpackError
-
-
-#: Colon-separated PEM public keys; set, the runtime and ``aotpack verify`` require a
-#: signature by one of them.
-ENV_TRUSTED_KEYS = "AOTPACK_TRUSTED_KEYS"
-#: ``1``: refuse to load or pass an archive unless trusted keys are set.
-ENV_REQUIRE_SIGNATURE = "AOTPACK_REQUIRE_SIGNATURE"
 
 
 def trusted_keys_from_env() -> list[str]:
@@ -31,14 +25,7 @@ def trusted_keys_from_env() -> list[str]:
         AotpackError: it is set but names no key (``""``, ``":"``): an empty setting must
             not turn the signature check off.
     """
-    raw = os.environ.get(ENV_TRUSTED_KEYS)
-    if raw is None:
-        return []
-    keys = [p for p in raw.split(":") if p]
-    if not keys:
-        raise AotpackError(f"{ENV_TRUSTED_KEYS} is set but names no key: '{raw}'; set it to colon-separated "
-                           "PEM public key files, or unset it to load unsigned archives")
-    return keys
+    return list(env.get(env.TRUSTED_KEYS))
 
 
 def signature_required_from_env() -> bool:
@@ -48,10 +35,7 @@ def signature_required_from_env() -> bool:
     Raises:
         AotpackError: any other value.
     """
-    raw = os.environ.get(ENV_REQUIRE_SIGNATURE, "")
-    if raw not in ("", "0", "1"):
-        raise AotpackError(f"{ENV_REQUIRE_SIGNATURE} must be 0 or 1, got '{raw}'")
-    return raw == "1"
+    return env.get(env.REQUIRE_SIGNATURE)
 
 
 #: The runtime's message (native/src/model.cpp) for a required signature without keys.

@@ -21,7 +21,7 @@ from typing import Callable
 import zstandard
 
 from aotpack.errors import AotpackError
-from aotpack import leftovers
+from aotpack import env, leftovers
 from aotpack.archive import layout
 
 #: zstd level of code, sources and the manifest: small and very compressible. Not 19: on
@@ -34,7 +34,7 @@ TENSOR_ZSTD_LEVEL = 1
 
 
 def _mtime() -> int:
-    return int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    return env.get(env.SOURCE_DATE_EPOCH)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

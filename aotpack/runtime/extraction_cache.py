@@ -19,11 +19,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aotpack import env
 from aotpack.errors import AotpackError
 
-ENV_CACHE = "AOTPACK_RUNTIME_CACHE"
-ENV_CAP_MB = "AOTPACK_RUNTIME_CACHE_MB"
-DEFAULT_CAP_MB = 4096
+ENV_CACHE = env.RUNTIME_CACHE.name
+ENV_CAP_MB = env.RUNTIME_CACHE_MB.name
+DEFAULT_CAP_MB = env.RUNTIME_CACHE_MB.default
 MARKER = ".aotpack-complete"
 LOCK = ".aotpack-lock"
 _ENTRY_NAME = re.compile(r"[0-9a-f]{64}")
@@ -44,11 +45,11 @@ class Entry:
 def cache_root() -> Path | None:
     """The runtime's cache root, as the runtime computes it; None when it is off
     (AOTPACK_RUNTIME_CACHE=0) or no home folder is known."""
-    if os.environ.get(ENV_CACHE) == "0":
+    if not env.get(env.RUNTIME_CACHE):
         return None
-    base = os.environ.get("XDG_CACHE_HOME", "")
+    base = env.raw(env.XDG_CACHE_HOME) or ""
     if not base.startswith("/"):
-        home = os.environ.get("HOME", "")
+        home = env.raw(env.HOME) or ""
         if not home.startswith("/"):
             return None
         base = os.path.join(home, ".cache")
@@ -61,12 +62,7 @@ def cap_bytes() -> int:
     Raises:
         AotpackError: the value is not a whole number of MiB.
     """
-    text = os.environ.get(ENV_CAP_MB, "")
-    if not text:
-        return DEFAULT_CAP_MB << 20
-    if not text.isdigit():
-        raise AotpackError(f"{ENV_CAP_MB} must be a whole number of MiB, got '{text}'")
-    return int(text) << 20
+    return env.get(env.RUNTIME_CACHE_MB) << 20
 
 
 def _check_private(path: Path) -> None:

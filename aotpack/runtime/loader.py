@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from aotpack.archive import layout
-from aotpack.config import ENV_BINDING
+from aotpack import env
 from aotpack.errors import AotpackError
 from aotpack.runtime.native import find_runtime_library
 
@@ -226,7 +226,7 @@ def _binding():
     """``_aotpack_binding`` from the runtime library's folder (native/build, or aotpack/lib of
     a wheel), or None: not built, built for another Python, or ``$AOTPACK_BINDING=ctypes``."""
     global _binding_module, _binding_looked_for
-    if os.environ.get(ENV_BINDING, "") == "ctypes":  # read at every load, not only the first
+    if env.get(env.BINDING) == "ctypes":  # read at every load, not only the first
         return None
     with _library_lock:
         if not _binding_looked_for:

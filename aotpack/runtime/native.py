@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from aotpack.config import ENV_RUNTIME, ENV_RUNTIME_LIB, ENV_SERVER
+from aotpack import env
 from aotpack.errors import AotpackError
 from aotpack.archive.writer import read_manifest
 
@@ -32,7 +32,7 @@ def find_runtime() -> Path:
     Raises:
         AotpackError: not found; the message says how to build it.
     """
-    return _find_tool("aotpack-run", ENV_RUNTIME, "native runtime")
+    return _find_tool("aotpack-run", env.RUNTIME, "native runtime")
 
 
 def find_server() -> Path:
@@ -42,17 +42,17 @@ def find_server() -> Path:
     Raises:
         AotpackError: not found; the message says how to build it (it needs cpp-httplib).
     """
-    return _find_tool("aotpack-serve", ENV_SERVER, "inference server")
+    return _find_tool("aotpack-serve", env.SERVE, "inference server")
 
 
-def _find_tool(tool: str, env: str, what: str) -> Path:
-    """``$env`` (must be executable), the checkout's ``native/build/``, the package's
+def _find_tool(tool: str, var: env.Variable, what: str) -> Path:
+    """``$var`` (must be executable), the checkout's ``native/build/``, the package's
     ``bin/``, then ``PATH``."""
-    chosen = os.environ.get(env)
+    chosen = env.get(var)
     if chosen:
         if Path(chosen).is_file() and os.access(chosen, os.X_OK):
             return Path(chosen)
-        raise AotpackError(f"{env}={chosen} is not an executable file; point it at {tool} "
+        raise AotpackError(f"{var.name}={chosen} is not an executable file; point it at {tool} "
                            f"or unset it")
     candidates = [str(CHECKOUT / "native" / "build" / tool), str(PACKAGE / "bin" / tool),
                   shutil.which(tool)]
@@ -73,11 +73,11 @@ def find_runtime_library() -> Path:
     """
     import sys
 
-    chosen = os.environ.get(ENV_RUNTIME_LIB)
+    chosen = env.get(env.RUNTIME_LIB)
     if chosen:
         if Path(chosen).is_file():
             return Path(chosen)
-        raise AotpackError(f"{ENV_RUNTIME_LIB}={chosen} is not a file; point it at {RUNTIME_LIBRARY} "
+        raise AotpackError(f"{env.RUNTIME_LIB.name}={chosen} is not a file; point it at {RUNTIME_LIBRARY} "
                            "or unset it")
     candidates = [CHECKOUT / "native" / "build" / RUNTIME_LIBRARY,
                   PACKAGE / "lib" / WHEEL_RUNTIME_LIBRARY,
@@ -88,7 +88,7 @@ def find_runtime_library() -> Path:
             return candidate
     raise AotpackError(f"native runtime library {RUNTIME_LIBRARY} not found (looked in "
                        f"{', '.join(str(c.parent) for c in candidates)}); {BUILD_HINT}, or set "
-                       f"{ENV_RUNTIME_LIB}")
+                       f"{env.RUNTIME_LIB.name}")
 
 
 def run_archive(archive: str | Path, inputs: list[str | Path], output: str | Path | None = None,

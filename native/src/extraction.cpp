@@ -22,6 +22,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "aotpack/env_vars.h"
 #include "archive.h"
 #include "sha256.h"
 #include "tempdir.h"
@@ -44,7 +45,7 @@ constexpr char kMarkerVersion[] = "aotpack-runtime-cache 3";
 constexpr char kEntryLock[] = ".aotpack-lock";  // shared-locked while a process uses the entry
 constexpr char kPrivatePrefix[] = "aotpack-";    // $TMPDIR/aotpack-XXXXXX (+ .lock)
 constexpr time_t kOrphanAgeSeconds = 600;
-constexpr uint64_t kDefaultCapMiB = 4096;
+constexpr uint64_t kDefaultCapMiB = AOTPACK_ENV_RUNTIME_CACHE_MB_DEFAULT;
 constexpr size_t kChunk = 1 << 20;
 
 // ---- the entries this process uses ----
@@ -437,7 +438,7 @@ void clean_cache_orphans(const std::string& tmp_root) {
 }
 
 std::string tmpdir() {
-  const char* base = std::getenv("TMPDIR");
+  const char* base = std::getenv(AOTPACK_ENV_TMPDIR);
   return base && *base ? base : "/tmp";
 }
 
@@ -475,13 +476,13 @@ CacheDirs usable_cache() {
 
 // AOTPACK_RUNTIME_CACHE_MB in bytes (default 4096 MiB).
 uint64_t cache_cap_bytes() {
-  const char* text = std::getenv("AOTPACK_RUNTIME_CACHE_MB");
+  const char* text = std::getenv(AOTPACK_ENV_RUNTIME_CACHE_MB);
   if (!text || !*text) return kDefaultCapMiB << 20;
   char* end = nullptr;
   errno = 0;
   const unsigned long long mib = std::strtoull(text, &end, 10);
   if (*end != '\0' || errno != 0 || text[0] == '-' || mib > (UINT64_MAX >> 20))
-    fail(std::string("AOTPACK_RUNTIME_CACHE_MB must be a whole number of MiB, got '") + text + "'");
+    fail(std::string(AOTPACK_ENV_RUNTIME_CACHE_MB " must be a whole number of MiB, got '") + text + "'");
   return static_cast<uint64_t>(mib) << 20;
 }
 
@@ -543,14 +544,14 @@ size_t longest_path(const Manifest& manifest) {
 // ---- Extraction ----
 
 std::string Extraction::cache_root() {
-  const char* off = std::getenv("AOTPACK_RUNTIME_CACHE");
+  const char* off = std::getenv(AOTPACK_ENV_RUNTIME_CACHE);
   if (off && std::string(off) == "0") return "";
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* xdg = std::getenv(AOTPACK_ENV_XDG_CACHE_HOME);
   std::string base;
   if (xdg && xdg[0] == '/') {
     base = xdg;
   } else {
-    const char* home = std::getenv("HOME");
+    const char* home = std::getenv(AOTPACK_ENV_HOME);
     if (!home || home[0] != '/') return "";
     base = std::string(home) + "/.cache";
   }

@@ -127,7 +127,7 @@ void HostPool::copy_data(void* dest, const void* src, size_t count) const {
 
 size_t host_cache_cap_from(const char* raw) {
   if (raw == nullptr || *raw == '\0') return kDefaultHostCacheBytes;
-  const std::string bad = std::string("AOTPACK_HOST_CACHE_MB must be a whole number of MiB ") +
+  const std::string bad = std::string(AOTPACK_ENV_HOST_CACHE_MB " must be a whole number of MiB ") +
                           "(0 turns the host buffer cache off), got '" + raw + "'";
   for (const char* c = raw; *c; ++c)
     if (*c < '0' || *c > '9') fail(bad);
@@ -142,7 +142,7 @@ namespace {
 HostPool* make_host_pool() {
   // Leaked: DataPtrs of tensors handed to the user may be freed during static destruction.
   static HostPool* pool = nullptr;
-  pool = new HostPool(host_cache_cap_from(std::getenv("AOTPACK_HOST_CACHE_MB")));
+  pool = new HostPool(host_cache_cap_from(std::getenv(AOTPACK_ENV_HOST_CACHE_MB)));
   pthread_atfork([] { pool->lock_for_fork(); }, [] { pool->unlock_after_fork(); },
                  [] { pool->unlock_after_fork(); });
   return pool;

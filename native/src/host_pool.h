@@ -10,6 +10,8 @@
 #include <map>
 #include <mutex>
 
+#include "aotpack/env_vars.h"
+
 namespace aotpack::detail {
 
 /// A thread-safe caching allocator of 64-byte aligned CPU blocks (the alignment ATen's CPU
@@ -74,8 +76,8 @@ class HostPool final : public c10::Allocator {
   Stats stats_;                          // guarded by mutex_
 };
 
-/// The default cap on idle bytes of the runtime's pool: 1 GiB.
-constexpr size_t kDefaultHostCacheBytes = size_t{1} << 30;
+/// The default cap on idle bytes of the runtime's pool (AOTPACK_HOST_CACHE_MB's default).
+constexpr size_t kDefaultHostCacheBytes = size_t{AOTPACK_ENV_HOST_CACHE_MB_DEFAULT} << 20;
 
 /// The cap an AOTPACK_HOST_CACHE_MB value sets, in bytes: a whole number of MiB, 0 = no
 /// caching; NULL or "" = kDefaultHostCacheBytes. Throws (fail) a one-line message naming

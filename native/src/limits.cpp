@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "aotpack/env_vars.h"
 #include "util.h"
 
 namespace aotpack::detail {
@@ -30,10 +31,10 @@ void override_from(const char* name, uint64_t* value) {
 
 Limits Limits::from_env() {
   Limits limits;
-  override_from("AOTPACK_MAX_ENTRIES", &limits.max_entries);
-  override_from("AOTPACK_MAX_ENTRY_BYTES", &limits.max_entry_bytes);
-  override_from("AOTPACK_MAX_TOTAL_BYTES", &limits.max_total_bytes);
-  override_from("AOTPACK_MAX_MANIFEST_BYTES", &limits.max_manifest_bytes);
+  override_from(AOTPACK_ENV_MAX_ENTRIES, &limits.max_entries);
+  override_from(AOTPACK_ENV_MAX_ENTRY_BYTES, &limits.max_entry_bytes);
+  override_from(AOTPACK_ENV_MAX_TOTAL_BYTES, &limits.max_total_bytes);
+  override_from(AOTPACK_ENV_MAX_MANIFEST_BYTES, &limits.max_manifest_bytes);
   return limits;
 }
 

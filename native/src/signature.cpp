@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "aotpack/env_vars.h"
 #include "sha256.h"
 #include "util.h"
 
@@ -52,7 +53,7 @@ std::string fingerprint(EVP_PKEY* key, const std::string& path) {
 
 std::vector<std::string> trusted_key_paths() {
   std::vector<std::string> paths;
-  const char* raw = std::getenv("AOTPACK_TRUSTED_KEYS");
+  const char* raw = std::getenv(AOTPACK_ENV_TRUSTED_KEYS);
   if (raw == nullptr) return paths;
   const std::string all = raw;
   size_t start = 0;
@@ -63,17 +64,17 @@ std::vector<std::string> trusted_key_paths() {
     start = end + 1;
   }
   if (paths.empty())
-    fail("AOTPACK_TRUSTED_KEYS is set but names no key: '" + all +
+    fail(AOTPACK_ENV_TRUSTED_KEYS " is set but names no key: '" + all +
          "'; set it to colon-separated PEM public key files, or unset it to load unsigned "
          "archives");
   return paths;
 }
 
 bool signature_required_by_env() {
-  const char* raw = std::getenv("AOTPACK_REQUIRE_SIGNATURE");
+  const char* raw = std::getenv(AOTPACK_ENV_REQUIRE_SIGNATURE);
   if (raw == nullptr || *raw == '\0' || std::string(raw) == "0") return false;
   if (std::string(raw) == "1") return true;
-  fail(std::string("AOTPACK_REQUIRE_SIGNATURE must be 0 or 1, got '") + raw + "'");
+  fail(std::string(AOTPACK_ENV_REQUIRE_SIGNATURE " must be 0 or 1, got '") + raw + "'");
 }
 
 SigningKey verify_signature(const std::string& message, const std::string& signature,

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "aotpack/env_vars.h"
 #include "util.h"
 
 namespace aotpack::detail {
@@ -50,7 +51,7 @@ int create_new_file(const std::string& root, const std::string& relative_path, u
 }
 
 TempDir TempDir::create() {
-  const char* base = std::getenv("TMPDIR");
+  const char* base = std::getenv(AOTPACK_ENV_TMPDIR);
   std::string templ = std::string(base && *base ? base : "/tmp") + "/aotpack-XXXXXX";
   std::vector<char> buffer(templ.begin(), templ.end());
   buffer.push_back('\0');

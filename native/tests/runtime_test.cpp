@@ -33,6 +33,7 @@
 #include "../src/tempdir.h"
 #include "../src/tensor_handle.h"
 #include "aotpack/archive_layout.h"
+#include "aotpack/env_vars.h"
 #include "aotpack/kernel_abi.h"
 #include "aotpack/runtime.h"
 #include "npy.h"
@@ -587,7 +588,7 @@ void test_host_pool() {
                   std::string("AOTPACK_HOST_CACHE_MB must be a whole number of MiB (0 turns the "
                               "host buffer cache off), got '") + bad + "'");
   // Tensors from host().empty_strided come from the runtime's pool (default cap here).
-  if (std::getenv("AOTPACK_HOST_CACHE_MB") == nullptr) {
+  if (std::getenv(AOTPACK_ENV_HOST_CACHE_MB) == nullptr) {
     auto& pool = aotpack::detail::host_pool();
     const int64_t sizes[] = {512, 512}, strides[] = {512, 1};
     AotpackTensor t = nullptr;

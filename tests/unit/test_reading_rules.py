@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from aotpack import env
 from aotpack.archive import file_checks
 from aotpack.archive import layout
 from aotpack.archive import manifest_rules
@@ -88,13 +89,13 @@ def test_a_file_cannot_also_be_a_folder():
 @pytest.mark.parametrize("raw, value", [("1", 1), ("007", 7), ("9223372036854775807", layout.LIMIT_VALUE_MAX),
                                         ("0" * 5000 + "5", 5)])
 def test_limit_values(raw, value):
-    assert reader.parse_limit("AOTPACK_MAX_ENTRIES", raw) == value
+    assert env.parse_limit("AOTPACK_MAX_ENTRIES", raw) == value
 
 
 @pytest.mark.parametrize("raw", ["0", "9223372036854775808", "1" * 5000, "+1", " 1", "1\n", "\u0661", ""])
 def test_limit_values_refused(raw):
     with pytest.raises(AotpackError) as err:
-        reader.parse_limit("AOTPACK_MAX_TOTAL_BYTES", raw)
+        env.parse_limit("AOTPACK_MAX_TOTAL_BYTES", raw)
     assert str(err.value) == f"AOTPACK_MAX_TOTAL_BYTES must be an integer from 1 to 9223372036854775807, got '{raw}'"
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aotpack import env
 from aotpack.archive import layout
 from aotpack.errors import AotpackError
 from aotpack.ir.graph import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
@@ -348,4 +349,5 @@ def generate(graph: Graph, kernels: list, meta: dict) -> str:
                   run_lines=lines, array_lines=emitter.ints.lines(), pack_lines=emitter.pack_lines, num_packed=len(graph.packed),
                   panel_packs=emitter.panel_packs,
                   num_constants=len(graph.constants), num_inputs=len(graph.inputs),
-                  num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION, **meta)
+                  num_outputs=len(graph.outputs), abi_version=MODEL_ABI_VERSION,
+                  profile_variable=env.PROFILE.name, **meta)

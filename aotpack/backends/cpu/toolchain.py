@@ -16,14 +16,14 @@ import subprocess
 import threading
 from pathlib import Path
 
-from aotpack import leftovers
+from aotpack import env, leftovers
 from aotpack.tune import cache
 from aotpack.backends.base import Toolchain
 from aotpack.backends.cpu import wrapper_slot
 from aotpack.errors import AotpackError
 from aotpack.codegen.render import include_dir
 
-CXX = os.environ.get("CXX", "g++")
+CXX = env.get(env.CXX)  # read once, when the backend is imported
 #: Flags of every static kernel. No -ffast-math: masks use -inf and NaN must survive.
 #: -O3, not -O2: at -O2 MobileNetV3-Small's 171 candidates compiled in 0.84x the time (18.2
 #: against 21.8 s, one at a time) but the model ran 1.16-1.18x slower (Zen 3, interleaved;
@@ -152,10 +152,11 @@ def compile_so(cmd_prefix: list[str], source: Path, output: Path, libs: list[str
     cmd = [*cmd_prefix, str(source), "-o", str(tmp), *libs]
     try:
         with contextlib.ExitStack() as stack:
-            env = None
+            environment = None
             if temp_root is not None:
-                env = {**os.environ, "TMPDIR": str(stack.enter_context(leftovers.compiler_tmpdir(temp_root)))}
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, env=env)
+                temp = stack.enter_context(leftovers.compiler_tmpdir(temp_root))
+                environment = env.child_environment(**{env.TMPDIR.name: str(temp)})
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, env=environment)
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)
         raise AotpackError(f"compiling {source} took over {COMPILE_TIMEOUT_S} s and was stopped; "
