@@ -10,9 +10,8 @@ import pytest
 from aotpack import env
 from aotpack.errors import AotpackError
 
-pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "native" / "include" / "aotpack" / "env_vars.h"
 DOCS = REPO / "docs" / "env_vars.md"
 #: Native sources: the runtime, server, binding, tools and their tests (not the build folder).
