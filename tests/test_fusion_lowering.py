@@ -21,7 +21,7 @@ class _Fn(torch.nn.Module):
 
 def _lower(fn, *inputs):
     ep = torch.export.export(_Fn(fn), inputs, strict=False).run_decompositions(decomposition_table())
-    return lower(ep, backends.get("cpu").dtypes)
+    return lower(ep, backends.get("cpu"))
 
 
 def _externs(graph) -> list[str]:
@@ -219,7 +219,7 @@ def test_a_view_of_a_constant_is_not_folded_into_a_copy():
         def forward(self, x):
             return x + self.table[:, :1], x * (self.table[:, 1:2] * 2.0).exp()
     ep = torch.export.export(Table(), (torch.randn(6, 1),), strict=False).run_decompositions(decomposition_table())
-    graph = lower(ep, backends.get("cpu").dtypes)
+    graph = lower(ep, backends.get("cpu"))
     folded = [b for b in graph.constants if b.name.startswith("_folded_")]
     assert [b.shape for b in folded] == [(6, 1)] and "table" in [b.name for b in graph.constants]
 

@@ -6,7 +6,8 @@ import pytest
 from aotpack import backends
 from aotpack.ir import gemm
 from aotpack.frontend.export import export_model, load_model_file
-from aotpack.ir.kernel import FusedKernel, GemmKernel, Reduce, walk
+from aotpack.ir.kernel import FusedKernel, Reduce, walk
+from aotpack.ir.template_kernels import GemmKernel
 from aotpack.lower.lowering import lower
 from conftest import SAMPLES
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 
 def lowered(path):
-    return lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
+    return lower(export_model(load_model_file(path)), backends.get("cpu"))
 
 
 def lowered_source(tmp_path, body: str, inputs: str):

@@ -58,7 +58,7 @@ def run_forms(path, cache_dir, keep, most: int = 2) -> tuple[list[str], list[lis
     settings = Settings(topn=10, cache_dir=cache_dir, device_limit=DEVICE_LIMIT, backend="cpu", tiny_kernel_us=0,
                         far_behind_factor=0)
     model_file = load_model_file(path)
-    graph = lower(export_model(model_file), backend.dtypes)
+    graph = lower(export_model(model_file), backend)
     sets = {}
     for kid, cs in candidates.prepare(graph, backend, settings).items():
         chosen = tuple(c for c in cs.candidates if keep(c))[:most] or cs.candidates[:1]

@@ -45,7 +45,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from aotpack.ir.graph import Buffer, CondStep, ExternArg, ExternCall, KernelCall, walk_steps
-from aotpack.ir.kernel import pack_panels
 
 
 #: Variants that are aotpack's own kernels, epilogue fused, planned with the graph (nothing
@@ -62,7 +61,7 @@ class PackedWeight:
     """``buffer`` (kind ``packed``) = ``op(*args)``, computed once at load from a constant."""
 
     buffer: Buffer
-    op: object  # torch._ops.OpOverload, or kernel_ir.pack_panels (a loop in model.cpp)
+    op: object  # torch._ops.OpOverload, or a backend's weight transform (``Backend.weight_transform``)
     args: list  # ExternArg; tensor arguments are whole constants
 
 
@@ -73,8 +72,8 @@ class GemmVariant:
     name: str
     steps: list
     packed: list  # PackedWeight it reads
-    #: (panels constant, dense weight) of a GEMM template: packed at build time, or at load
-    #: (``resolve``) where the dense weight is read anyway (a tied embedding)
+    #: (panels constant, dense weight, the backend's transform) of a GEMM template: packed at
+    #: build time, or at load (``resolve``) where the dense weight is read anyway (a tied embedding)
     panels: tuple = ()
 
 
@@ -151,11 +150,11 @@ def resolve(graph, choices: dict):
     needed |= {id(a.value[0]) for p in packed for a in p.args if a.kind == "tensor"}
     needed |= {id(parts[0]) for parts in graph.outputs}
     constants = [b for b in graph.constants if id(b) not in offered or id(b) in needed]
-    for panels, weight in _chosen_panels(graph, choices):
+    for panels, weight, transform in _chosen_panels(graph, choices):
         if id(weight) in needed:  # shipped once, dense; the model packs the panels at load
             constants = [b for b in constants if b is not panels]
-            packed.append(PackedWeight(panels, pack_panels, [ExternArg("tensor", (weight, weight.shape,
-                                                                                   weight.strides, 0))]))
+            packed.append(PackedWeight(panels, transform, [ExternArg("tensor", (weight, weight.shape,
+                                                                                 weight.strides, 0))]))
     return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
                                packed=packed, constants=constants,
                                constant_tensors={b.name: graph.constant_tensors[b.name] for b in constants})
@@ -167,7 +166,7 @@ def _packed_from(step: GemmStep) -> list[Buffer]:
 
 
 def _chosen_panels(graph, choices: dict) -> list[tuple]:
-    """(panels, dense weight) of every GEMM template that won its step."""
+    """(panels, dense weight, transform) of every GEMM template that won its step."""
     found = []
     for step in gemm_steps(graph):
         choice = choices.get(step.key)

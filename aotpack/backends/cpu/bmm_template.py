@@ -24,7 +24,7 @@ from aotpack.backends.cpu.gemm_template import (L2_BLOCK_BYTES, PARALLEL_MIN_FLO
                                                 VECTOR_BYTES, latency_rows, row_choices, tile_width, wide_speedup,
                                                 wide_suffix)
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import BmmKernel
+from aotpack.ir.template_kernels import BmmKernel
 from aotpack.codegen.render import render
 
 #: Bytes a thread's panel slot is rounded up to (the workspace alignment).

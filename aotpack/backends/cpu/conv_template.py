@@ -56,7 +56,8 @@ from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, L
                                                 wide_suffix)
 from aotpack.backends.cpu.toolchain import O2_MARK
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import CONV_EPILOGUES, ConvKernel
+from aotpack.ir.template_kernels import ConvKernel
+from aotpack.ir.epilogues import CONV_EPILOGUES
 from aotpack.codegen.render import render
 
 

@@ -14,7 +14,7 @@ import torch
 from aotpack.archive import layout
 from aotpack.errors import AotpackError
 from aotpack.ir.graph import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
-from aotpack.ir.kernel import pack_panels
+from aotpack.backends.cpu.weights import pack_panels
 from aotpack.codegen.render import render
 
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import DEPTHWISE_EPILOGUES, DepthwiseConvKernel
+from aotpack.ir.template_kernels import DepthwiseConvKernel
+from aotpack.ir.epilogues import DEPTHWISE_EPILOGUES
 from aotpack.codegen.render import render
 
 #: Bytes of one vector register the template computes in where the target has AVX (the

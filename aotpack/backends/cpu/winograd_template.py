@@ -27,7 +27,8 @@ from aotpack.backends.base import Candidate
 from aotpack.backends.cpu.conv_template import conv_epilogue_cpp
 from aotpack.backends.cpu.gemm_template import PARALLEL_MIN_FLOPS, VECTOR_BYTES, tile_width, wide_speedup, wide_suffix
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import CONV_EPILOGUES, WinogradConvKernel
+from aotpack.ir.template_kernels import WinogradConvKernel
+from aotpack.ir.epilogues import CONV_EPILOGUES
 from aotpack.codegen.render import render
 
 
