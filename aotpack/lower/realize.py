@@ -8,7 +8,6 @@ it reads, and a buffer for any reduction read at other rows than its own.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
