@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from aotpack.archive import signing
+from aotpack.archive import writer
 from test_native_runtime import RUN, require
 
 
@@ -38,5 +38,5 @@ def signed_copy(archive: Path, private_key: Path, folder: Path) -> Path:
     """A copy of ``archive`` in ``folder`` signed with ``private_key`` (the original untouched)."""
     path = folder / f"signed-{archive.name}"
     path.write_bytes(archive.read_bytes())
-    signing.sign_archive(path, private_key)
+    writer.sign_archive(path, private_key)
     return path
