@@ -1,6 +1,6 @@
 """Tunable GEMM/convolution steps: several implementations of one linear, conv2d or
 batched GEMM of two runtime operands (``bmm_lowering``: ``aten`` vs aotpack's
-``kernel_ir.BmmKernel``), timed by PGO like a kernel's candidates, the winner baked into
+``template_kernels.BmmKernel``), timed by PGO like a kernel's candidates, the winner baked into
 the model.
 
 A ``GemmStep`` computes one ``GemmMatch`` (``gemm_match``: the GEMM and its epilogue)
@@ -14,21 +14,21 @@ buffer:
   then the same epilogue kernel;
 * ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
   blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual);
-* ``template`` (linear): aotpack's own GEMM kernel (``kernel_ir.GemmKernel``), whose
+* ``template`` (linear): aotpack's own GEMM kernel (``template_kernels.GemmKernel``), whose
   tilings are candidates like a fused kernel's; its weight panels are packed at build
   time and shipped as constants (a layout of aotpack's own, not the CPU's ISA); where
   the dense weight is read anyway (a tied embedding), model.cpp packs them at load instead,
   so no weight is shipped twice;
 * ``template`` (depthwise conv2d, groups == channels): aotpack's own depthwise kernel
-  (``kernel_ir.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight;
+  (``template_kernels.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight;
 * ``winograd`` (3x3 stride-1 conv2d): aotpack's F(2x2, 3x3) kernel
-  (``kernel_ir.WinogradConvKernel``) on filters transformed at build time, bias and
+  (``template_kernels.WinogradConvKernel``) on filters transformed at build time, bias and
   epilogue fused.
 
 An attention block (``attention_lowering``) is a step of kind ``attention`` whose variants
 are the unfused lowering, one per combination of its two bmm steps' variants
 (``unfused:aten+aten`` ...; those bmm steps are flattened into it), and ``template``,
-aotpack's fused attention kernel (``kernel_ir.AttentionKernel``).
+aotpack's fused attention kernel (``template_kernels.AttentionKernel``).
 
 Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
 pick for the CPU they run on; the archive ships the dense weight (it is a constant

@@ -4,7 +4,7 @@ over the keys, ``bmm`` with v) into a ``gemm.GemmStep`` of kind ``attention`` ti
 * ``unfused:<bmm1>+<bmm2>``: what aotpack lowers without this module, the two batched
   GEMMs (``bmm_lowering``) around the fused softmax kernel, once per combination of the two
   bmm steps' variants (``aten``, ``template``), so PGO still picks each bmm's implementation;
-* ``template``: aotpack's fused attention kernel (``kernel_ir.AttentionKernel``), which never
+* ``template``: aotpack's fused attention kernel (``template_kernels.AttentionKernel``), which never
   writes the score matrix.
 
 ``find`` matches the graph as ``torch.export`` decomposes it (``export.EXTRA_DECOMPOSITIONS``):

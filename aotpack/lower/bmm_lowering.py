@@ -2,7 +2,7 @@
 not a linear with a constant weight) into a ``gemm.GemmStep`` timed by PGO:
 
 * ``aten``: the ATen call, as aotpack lowered it before (operands passed as strided views);
-* ``template``: aotpack's batched GEMM kernel (``kernel_ir.BmmKernel``), reading both
+* ``template``: aotpack's batched GEMM kernel (``template_kernels.BmmKernel``), reading both
   operands in place at their strides.
 
 Operands come from the lowering's affine reads (``ir.affine_read``), so the head views of a

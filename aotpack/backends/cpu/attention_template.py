@@ -1,4 +1,4 @@
-"""The CPU fused attention template: tilings (TopN solver) and rendering of ``kernel_ir.AttentionKernel``.
+"""The CPU fused attention template: tilings (TopN solver) and rendering of ``template_kernels.AttentionKernel``.
 
 The kernel (``templates/cpu_attention.cpp.j2``) takes (batch, block of ``bm`` query rows) as
 work items; per item it sweeps the keys in blocks of ``bn``: the block of ``k`` is packed

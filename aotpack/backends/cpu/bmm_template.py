@@ -1,4 +1,4 @@
-"""The CPU batched GEMM template: tilings (TopN solver) and rendering of ``kernel_ir.BmmKernel``.
+"""The CPU batched GEMM template: tilings (TopN solver) and rendering of ``template_kernels.BmmKernel``.
 
 The kernel (``templates/cpu_bmm.cpp.j2``) is the register-blocked GEMM of the linear
 template (``gemm_template``: up to ``mr`` rows x one panel of 16 columns of accumulators,

@@ -1,5 +1,5 @@
 """The CPU direct-convolution template: tilings (TopN solver) and rendering of
-``kernel_ir.ConvKernel``.
+``template_kernels.ConvKernel``.
 
 The kernel (``templates/cpu_conv.cpp.j2``) is the GEMM template's register tile applied
 to a convolution without an im2col matrix: per image, M = OH*OW output positions,

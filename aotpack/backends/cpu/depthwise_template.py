@@ -1,5 +1,5 @@
 """The CPU depthwise convolution template: tilings (TopN solver), workspace and rendering
-of ``kernel_ir.DepthwiseConvKernel``.
+of ``template_kernels.DepthwiseConvKernel``.
 
 The kernel (``templates/cpu_depthwise_conv.cpp.j2``) works one (n, c) plane at a time.
 It first stages the plane's input rows into the thread's workspace, zero-padded and, for

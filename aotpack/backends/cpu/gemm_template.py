@@ -1,4 +1,4 @@
-"""The CPU GEMM template: tilings (TopN solver) and rendering of ``kernel_ir.GemmKernel``.
+"""The CPU GEMM template: tilings (TopN solver) and rendering of ``template_kernels.GemmKernel``.
 
 The kernel (``templates/cpu_gemm.cpp.j2``) is the classic register-blocked GEMM of
 BLIS/GotoBLAS: a register tile of up to ``mr`` rows x one weight panel (16 columns) of

@@ -1,5 +1,5 @@
 """The CPU Winograd convolution template: tilings (TopN solver) and rendering of
-``kernel_ir.WinogradConvKernel`` (3x3, stride 1, dilation 1).
+``template_kernels.WinogradConvKernel`` (3x3, stride 1, dilation 1).
 
 The kernel (``templates/cpu_winograd_conv.cpp.j2``) computes F(2x2, 3x3) (Lavin & Gray,
 "Fast Algorithms for Convolutional Neural Networks", 2016): 16 multiplies per 2x2 output
