@@ -119,8 +119,8 @@ def test_no_import_cycle_among_aotpack_modules():
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     found = [(_path_in(graph, c), sorted(c)) for c in _components(graph)]
-    assert not found, "import cycles:\n" + "\n".join(f"{' -> '.join(cycle)} (modules in the cycle: {', '.join(members)})"
-                                                      for cycle, members in found)
+    lines = [f"{' -> '.join(cycle)} (modules in the cycle: {', '.join(members)})" for cycle, members in found]
+    assert not found, "import cycles:\n" + "\n".join(lines)
 
 
 def test_no_module_is_longer_than_the_limit():

@@ -26,9 +26,9 @@ from aotpack.ir.graph import (
     contiguous_strides, walk_steps,
 )
 from aotpack.ir.kernel import FusedKernel, Op, inner_access, input_buffers
-# the op family modules register their handlers on import
-from aotpack.lower import (attention_lowering, bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match,  # noqa: F401
-                           ops, pointwise, realize, reductions, registry, shape_ops)
+from aotpack.lower import (attention_lowering, bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops,
+                           realize, registry)
+from aotpack.lower import pointwise, reductions, shape_ops  # noqa: F401  (their handlers register on import)
 from aotpack.lower.registry import meta
 
 log = logging.getLogger("aotpack")
@@ -92,7 +92,7 @@ class Lowerer:
                      constant_sources=self.constant_sources, packed=self.packed)
 
     def _drop_unread_shared_outputs(self, outputs: list) -> None:
-        """A shared value written by a row kernel (``_shared_outputs``) that no later step
+        """A shared value written by a row kernel (``realize``) that no later step
         and no graph output reads is dropped from that kernel: its users were all inside it."""
         steps = list(walk_steps(self.steps))
         read = {id(b) for step in steps for b in step.reads()} | {id(parts[0]) for parts in outputs}
