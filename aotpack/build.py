@@ -215,7 +215,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         ep = export_model(model_file, settings.debug_dir)
     with progress.phase("lower", "lowering and fusing"):
         try:
-            graph = lower(ep, backend.dtypes)
+            graph = lower(ep, backend)
         except AotpackError as exc:
             raise AotpackError(f"{model_file.path}: {exc}") from None
     choice_steps = sum(1 for step in walk_steps(graph.steps) if isinstance(step, gemm.GemmStep))

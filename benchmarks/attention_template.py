@@ -40,7 +40,7 @@ DEFAULT_MODELS = ["benchmarks/bench_models/vit_s16.py", "benchmarks/bench_models
 
 def attention_step(path: str):
     """The first attention ``GemmStep`` of the model at ``path``."""
-    graph = lower(export_model(load_model(ROOT / path), None), backends.get("cpu").dtypes)
+    graph = lower(export_model(load_model(ROOT / path), None), backends.get("cpu"))
     return next(s for s in gemm_steps(graph) if s.kind == "attention")
 
 

@@ -27,7 +27,7 @@ from aotpack.backends.cpu import bmm_template  # noqa: E402
 from aotpack.build import export_model  # noqa: E402
 from aotpack.frontend.export import load_model  # noqa: E402
 from aotpack.ir.gemm import gemm_steps  # noqa: E402
-from aotpack.ir.kernel import BmmKernel  # noqa: E402
+from aotpack.ir.template_kernels import BmmKernel  # noqa: E402
 from aotpack.lower.lowering import lower  # noqa: E402
 from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
@@ -37,7 +37,7 @@ DEFAULT_MODELS = ["samples/transformer_block.py", "benchmarks/bench_models/vit_s
 
 def bmm_kernels(path: str) -> list[tuple]:
     """(step shape, BmmKernel) of each distinct bmm step of the model at ``path``."""
-    graph = lower(export_model(load_model(ROOT / path), None), backends.get("cpu").dtypes)
+    graph = lower(export_model(load_model(ROOT / path), None), backends.get("cpu"))
     found = {}
     for step in gemm_steps(graph):  # a bmm step, or an attention step's unfused variants (attention_lowering)
         for variant in step.variants:

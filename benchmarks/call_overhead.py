@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aotpack  # noqa: E402
-from aotpack.runtime import loader  # noqa: E402
+from aotpack.runtime import c_api as runtime_c_api  # noqa: E402
 from aotpack.backends.cpu.cpp_wrapper import DTYPE_CODES  # noqa: E402
 from aotpack.build import build  # noqa: E402
 from aotpack.config import Settings  # noqa: E402
@@ -61,7 +61,7 @@ class CApiRunner:
     """``aotpack_model_run`` of one loaded model over input handles made once."""
 
     def __init__(self, model: aotpack.Model, inputs):
-        lib = loader._library()
+        lib = runtime_c_api.library()
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
         self._new = lib["aotpack_tensor_new"]
         self._new.restype, self._new.argtypes = i32, [i32, i64, ctypes.POINTER(i64), ctypes.POINTER(i64),
@@ -77,7 +77,7 @@ class CApiRunner:
             handle = p()
             if self._new(DTYPE_CODES[x.dtype], x.dim(), sizes, None, ctypes.c_void_p(x.data_ptr()),
                          ctypes.byref(handle)):
-                raise RuntimeError(loader._last_error(lib))
+                raise RuntimeError(runtime_c_api.last_error(lib))
             self._inputs[i] = handle.value
         self._outputs = (p * max(len(model.outputs), 1))()
         self._handle = model._handle
@@ -90,7 +90,7 @@ class CApiRunner:
 
     def __call__(self, *_):
         if self._run(self._handle, self._inputs, self._num_in, self._outputs, self._num_out):
-            raise RuntimeError(loader._last_error(self._lib))
+            raise RuntimeError(runtime_c_api.last_error(self._lib))
         for i in range(self._num_out.value):
             self._free(self._outputs[i])
 

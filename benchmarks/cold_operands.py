@@ -30,7 +30,8 @@ from common import calls_per_sample, compile_candidates, interleaved_medians, ta
 
 from aotpack.backends.cpu import winograd_template  # noqa: E402
 from aotpack.ir.graph import Buffer, contiguous_strides  # noqa: E402
-from aotpack.ir.kernel import WinogradConvKernel, pack_panels, pad_bias, winograd_weights  # noqa: E402
+from aotpack.ir.template_kernels import WinogradConvKernel  # noqa: E402
+from aotpack.backends.cpu.weights import pack_panels, pad_bias, winograd_weights  # noqa: E402
 
 #: ViT-S/16's MLP and qkv GEMMs, a transformer block's up projection (M x K x N).
 GEMM_SHAPES = "197x384x1536,197x1536x384,32x512x2048"

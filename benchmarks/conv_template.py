@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aotpack.backends.cpu import conv_template  # noqa: E402
 from aotpack.ir.graph import Buffer, contiguous_strides  # noqa: E402
-from aotpack.ir.kernel import GEMM_PANEL, ConvKernel, pack_panels, pad_bias  # noqa: E402
+from aotpack.ir.template_kernels import ConvKernel  # noqa: E402
+from aotpack.backends.cpu.weights import GEMM_PANEL, pack_panels, pad_bias  # noqa: E402
 from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 #: ResNet-18's distinct convolutions at 224x224 (the stem, each stage's 3x3s, the strided

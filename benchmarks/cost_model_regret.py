@@ -29,7 +29,7 @@ def main() -> None:
     manifest = read_manifest(args.archive)
     settings = Settings(device_limit=manifest["device_limit"], cost_model=True, cost_model_ratio=args.ratio)
     backend = backends.get(settings.backend)
-    graph = lower(export_model(load_model(args.model), None), backend.dtypes)
+    graph = lower(export_model(load_model(args.model), None), backend)
     kernels = {k.name: k for k in graph.kernels}
     first, model = [], []
     for entry in manifest["kernels"]:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aotpack.backends.cpu import depthwise_template  # noqa: E402
 from aotpack.ir.graph import Buffer, contiguous_strides  # noqa: E402
-from aotpack.ir.kernel import DepthwiseConvKernel  # noqa: E402
+from aotpack.ir.template_kernels import DepthwiseConvKernel  # noqa: E402
 from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 #: CxHxW:kKsS:activation of MobileNetV3-Small's depthwise convs (the input; padding K // 2).

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aotpack.backends.cpu import gemm_template  # noqa: E402
 from aotpack.ir.graph import Buffer, contiguous_strides  # noqa: E402
-from aotpack.ir.kernel import GEMM_PANEL, GemmKernel, pack_panels, pad_bias  # noqa: E402
+from aotpack.ir.template_kernels import GemmKernel  # noqa: E402
+from aotpack.backends.cpu.weights import GEMM_PANEL, pack_panels, pad_bias  # noqa: E402
 from common import calls_per_sample, compile_candidates, interleaved_medians, target_vector_bytes  # noqa: E402
 
 #: MxKxN of the bundled samples (mlp, transformer_block) and of the tiny BERT/LLaMA benchmarks.

@@ -16,7 +16,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from aotpack import backends
-from aotpack.archive import signing
+from aotpack.archive import writer
 from aotpack.config import Settings
 from aotpack.frontend.export import decomposition_table, load_model_file
 from aotpack.lower.lowering import lower
@@ -117,7 +117,7 @@ class _Fn(torch.nn.Module):
 
 def lower_function(fn, *inputs):
     ep = torch.export.export(_Fn(fn), inputs, strict=False).run_decompositions(decomposition_table())
-    return lower(ep, backends.get("cpu").dtypes)
+    return lower(ep, backends.get("cpu"))
 
 
 def run_native(env: dict, *args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -147,5 +147,5 @@ def signed_copy(archive: Path, private_key: Path, folder: Path) -> Path:
     """A copy of ``archive`` in ``folder`` signed with ``private_key`` (the original untouched)."""
     path = folder / f"signed-{archive.name}"
     path.write_bytes(archive.read_bytes())
-    signing.sign_archive(path, private_key)
+    writer.sign_archive(path, private_key)
     return path

@@ -3,7 +3,9 @@
 ``manifest.sig`` holds the 64-byte Ed25519 signature of manifest.json's bytes; the manifest
 holds the sha256 of every file, so the signature covers the whole archive. Keys are PEM
 files: PKCS#8 private keys (``aotpack keygen``, or ``openssl genpkey -algorithm ed25519``)
-and SubjectPublicKeyInfo public keys (``openssl pkey -in KEY.pem -pubout``).
+and SubjectPublicKeyInfo public keys (``openssl pkey -in KEY.pem -pubout``). Signing an
+archive file (reading and rewriting it) is ``writer.sign_archive``; this module knows bytes
+and keys only.
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 from aotpack import env
-from aotpack.archive import layout
 from aotpack.errors import AotpackError
 
 
@@ -111,6 +112,16 @@ def sign_bytes(message: bytes, key_path: str | Path) -> bytes:
     return _load_private(key_path).sign(message)
 
 
+def signer(key_path: str | Path):
+    """``sign(message) -> 64-byte Ed25519 signature`` with the private key at ``key_path``,
+    read now (so an unusable key fails before any other work).
+
+    Raises:
+        AotpackError: the key cannot be read or is not an unencrypted Ed25519 PEM key.
+    """
+    return _load_private(key_path).sign
+
+
 def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> tuple[str, str]:
     """Raise unless ``signature`` verifies ``message`` with one of the PEM public keys
     (the runtime's rule and messages, native/src/signature.cpp).
@@ -142,22 +153,3 @@ def verify_bytes(message: bytes, signature: bytes, key_paths: list[str]) -> tupl
         return str(path), hashlib.sha256(der).hexdigest()
     raise AotpackError(f"manifest.sig does not verify with any trusted key ({len(keys)} in "
                        "AOTPACK_TRUSTED_KEYS/--trusted-key): the archive was modified or signed by someone else")
-
-
-def sign_archive(archive: str | Path, key_path: str | Path) -> Path:
-    """Sign ``archive`` in place (atomically): checks it with the reading rules, then
-    rewrites it with ``manifest.sig`` (replacing any earlier signature).
-
-    Raises:
-        AotpackError: the archive breaks a reading rule, or the key is unusable.
-    """
-    from aotpack.archive import writer as package
-    from aotpack.archive import reader
-
-    archive = Path(archive)
-    key = _load_private(key_path)
-    members = reader.read_all(archive)
-    text = members.pop(layout.MANIFEST_PATH)
-    members.pop(layout.MANIFEST_DIGEST_PATH)
-    members.pop(layout.MANIFEST_SIGNATURE_PATH, None)
-    return package.publish(archive, package.pack(text, members, key.sign(text)))

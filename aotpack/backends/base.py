@@ -120,6 +120,17 @@ class Backend(ABC):
         """Resources from the build settings (``Settings.device_limit``)."""
         return Limits(settings.device_limit)
 
+    def weight_transform(self, kind: str):
+        """The build-time transform ``fn(tensor) -> tensor`` that lays a constant out as the
+        backend's template kernels read it: ``gemm_panels`` (a ``[N, K]`` weight), ``gemm_bias``
+        (``[N]``), ``winograd`` (a ``[C_out, C_in, 3, 3]`` filter). Lowering applies it at build
+        time; a weight packed at load instead (``gemm.resolve``) records the same function.
+
+        Raises:
+            KeyError: for a kind the backend has no template kernel for.
+        """
+        raise KeyError(f"backend {self.name!r} has no weight transform {kind!r}")
+
     @abstractmethod
     def solve(self, kernel, limits: Limits, count: int) -> list[Candidate]:
         """At most ``count`` candidates for ``kernel``, the heuristic default first."""

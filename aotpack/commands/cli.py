@@ -219,7 +219,7 @@ def _verify(args) -> int:
 
 
 def _sign(args) -> int:
-    from aotpack.archive.signing import sign_archive
+    from aotpack.archive.writer import sign_archive
 
     print(f"signed {sign_archive(args.archive, args.key)}")
     return 0

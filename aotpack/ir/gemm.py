@@ -1,6 +1,6 @@
 """Tunable GEMM/convolution steps: several implementations of one linear, conv2d or
 batched GEMM of two runtime operands (``bmm_lowering``: ``aten`` vs aotpack's
-``kernel_ir.BmmKernel``), timed by PGO like a kernel's candidates, the winner baked into
+``template_kernels.BmmKernel``), timed by PGO like a kernel's candidates, the winner baked into
 the model.
 
 A ``GemmStep`` computes one ``GemmMatch`` (``gemm_match``: the GEMM and its epilogue)
@@ -14,21 +14,21 @@ buffer:
   then the same epilogue kernel;
 * ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
   blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual);
-* ``template`` (linear): aotpack's own GEMM kernel (``kernel_ir.GemmKernel``), whose
+* ``template`` (linear): aotpack's own GEMM kernel (``template_kernels.GemmKernel``), whose
   tilings are candidates like a fused kernel's; its weight panels are packed at build
   time and shipped as constants (a layout of aotpack's own, not the CPU's ISA); where
   the dense weight is read anyway (a tied embedding), model.cpp packs them at load instead,
   so no weight is shipped twice;
 * ``template`` (depthwise conv2d, groups == channels): aotpack's own depthwise kernel
-  (``kernel_ir.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight;
+  (``template_kernels.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight;
 * ``winograd`` (3x3 stride-1 conv2d): aotpack's F(2x2, 3x3) kernel
-  (``kernel_ir.WinogradConvKernel``) on filters transformed at build time, bias and
+  (``template_kernels.WinogradConvKernel``) on filters transformed at build time, bias and
   epilogue fused.
 
 An attention block (``attention_lowering``) is a step of kind ``attention`` whose variants
 are the unfused lowering, one per combination of its two bmm steps' variants
 (``unfused:aten+aten`` ...; those bmm steps are flattened into it), and ``template``,
-aotpack's fused attention kernel (``kernel_ir.AttentionKernel``).
+aotpack's fused attention kernel (``template_kernels.AttentionKernel``).
 
 Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
 pick for the CPU they run on; the archive ships the dense weight (it is a constant
@@ -45,7 +45,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from aotpack.ir.graph import Buffer, CondStep, ExternArg, ExternCall, KernelCall, walk_steps
-from aotpack.ir.kernel import pack_panels
 
 
 #: Variants that are aotpack's own kernels, epilogue fused, planned with the graph (nothing
@@ -62,7 +61,7 @@ class PackedWeight:
     """``buffer`` (kind ``packed``) = ``op(*args)``, computed once at load from a constant."""
 
     buffer: Buffer
-    op: object  # torch._ops.OpOverload, or kernel_ir.pack_panels (a loop in model.cpp)
+    op: object  # torch._ops.OpOverload, or a backend's weight transform (``Backend.weight_transform``)
     args: list  # ExternArg; tensor arguments are whole constants
 
 
@@ -73,8 +72,8 @@ class GemmVariant:
     name: str
     steps: list
     packed: list  # PackedWeight it reads
-    #: (panels constant, dense weight) of a GEMM template: packed at build time, or at load
-    #: (``resolve``) where the dense weight is read anyway (a tied embedding)
+    #: (panels constant, dense weight, the backend's transform) of a GEMM template: packed at
+    #: build time, or at load (``resolve``) where the dense weight is read anyway (a tied embedding)
     panels: tuple = ()
 
 
@@ -151,11 +150,11 @@ def resolve(graph, choices: dict):
     needed |= {id(a.value[0]) for p in packed for a in p.args if a.kind == "tensor"}
     needed |= {id(parts[0]) for parts in graph.outputs}
     constants = [b for b in graph.constants if id(b) not in offered or id(b) in needed]
-    for panels, weight in _chosen_panels(graph, choices):
+    for panels, weight, transform in _chosen_panels(graph, choices):
         if id(weight) in needed:  # shipped once, dense; the model packs the panels at load
             constants = [b for b in constants if b is not panels]
-            packed.append(PackedWeight(panels, pack_panels, [ExternArg("tensor", (weight, weight.shape,
-                                                                                   weight.strides, 0))]))
+            packed.append(PackedWeight(panels, transform, [ExternArg("tensor", (weight, weight.shape,
+                                                                                 weight.strides, 0))]))
     return dataclasses.replace(graph, steps=steps, kernels=[k for k in graph.kernels if id(k) in launched],
                                packed=packed, constants=constants,
                                constant_tensors={b.name: graph.constant_tensors[b.name] for b in constants})
@@ -167,7 +166,7 @@ def _packed_from(step: GemmStep) -> list[Buffer]:
 
 
 def _chosen_panels(graph, choices: dict) -> list[tuple]:
-    """(panels, dense weight) of every GEMM template that won its step."""
+    """(panels, dense weight, transform) of every GEMM template that won its step."""
     found = []
     for step in gemm_steps(graph):
         choice = choices.get(step.key)

@@ -4,7 +4,7 @@ over the keys, ``bmm`` with v) into a ``gemm.GemmStep`` of kind ``attention`` ti
 * ``unfused:<bmm1>+<bmm2>``: what aotpack lowers without this module, the two batched
   GEMMs (``bmm_lowering``) around the fused softmax kernel, once per combination of the two
   bmm steps' variants (``aten``, ``template``), so PGO still picks each bmm's implementation;
-* ``template``: aotpack's fused attention kernel (``kernel_ir.AttentionKernel``), which never
+* ``template``: aotpack's fused attention kernel (``template_kernels.AttentionKernel``), which never
   writes the score matrix.
 
 ``find`` matches the graph as ``torch.export`` decomposes it (``export.EXTRA_DECOMPOSITIONS``):
@@ -25,7 +25,7 @@ from aotpack.lower import bmm_lowering
 from aotpack.lower import ops
 from aotpack.ir.gemm import GemmStep, GemmVariant
 from aotpack.ir.graph import Buffer, KernelCall, contiguous_strides
-from aotpack.ir.kernel import AttentionKernel, AttentionOperand, ScoreOp
+from aotpack.ir.template_kernels import AttentionKernel, AttentionOperand, ScoreOp
 
 aten = torch.ops.aten
 #: ops between the softmax and the second bmm, and after the first bmm, that keep the elements' order
@@ -179,7 +179,7 @@ def find(graph) -> dict:
 
 def _mask_operand(lw, mask_node, shape: tuple, inputs: list) -> AttentionOperand:
     """The mask's strided parts broadcast to the scores' ``shape`` (``[*batch, m, n]``)."""
-    base, mask_shape, strides, offset = lw._read_parts(lw._operand(mask_node))
+    base, mask_shape, strides, offset = lw.read_parts(lw.operand(mask_node))
     pad = len(shape) - len(mask_shape)
     full = [0] * pad + [s if size != 1 else 0 for size, s in zip(mask_shape, strides)]
     if base not in inputs:
@@ -257,7 +257,7 @@ def lower(lw, match: AttentionMatch):
     operands = _operands(lw, match)
     outer, lw.steps = lw.steps, []
     for node in match.nodes:
-        lw.env[node] = bmm_lowering.lower(lw, node) if bmm_lowering.applies(node) else lw._call_op(node)
+        lw.env[node] = bmm_lowering.lower(lw, node) if bmm_lowering.applies(node) else lw.lower_op(node)
     unfused, lw.steps = lw.steps, outer
     out = lw.env[match.second]
     template = _template_variant(lw, match, operands, out) if operands and isinstance(out, Buffer) else None

@@ -2,7 +2,7 @@
 not a linear with a constant weight) into a ``gemm.GemmStep`` timed by PGO:
 
 * ``aten``: the ATen call, as aotpack lowered it before (operands passed as strided views);
-* ``template``: aotpack's batched GEMM kernel (``kernel_ir.BmmKernel``), reading both
+* ``template``: aotpack's batched GEMM kernel (``template_kernels.BmmKernel``), reading both
   operands in place at their strides.
 
 Operands come from the lowering's affine reads (``ir.affine_read``), so the head views of a
@@ -21,7 +21,7 @@ from aotpack.lower import ops
 from aotpack.ir.gemm import GemmStep, GemmVariant
 from aotpack.ir.index import Atom, Index
 from aotpack.ir.graph import Buffer, ExternCall, KernelCall, Lazy, affine_read, contiguous_strides
-from aotpack.ir.kernel import BmmKernel
+from aotpack.ir.template_kernels import BmmKernel
 
 aten = torch.ops.aten
 BATCHED = (aten.bmm.default, aten.mm.default)
@@ -72,7 +72,7 @@ def in_place_head(lw, node, position: int) -> tuple | None:
     """``_head_read`` of ``node``'s operand at ``position`` where the template reads it in
     place and ATen's variant copies it: a head view no other node reads; else None."""
     arg = node.args[position]
-    value = lw._operand(arg)
+    value = lw.operand(arg)
     # the ATen variant's copy must be the value's only storage: no other node reads it
     alone = ops.users(arg) == [node] and sum(1 for v in lw.env.values() if v is value) == 1
     return _head_read(value) if alone and affine_read(value) is None else None
@@ -83,7 +83,7 @@ def batch_operand(lw, node, position: int) -> tuple:
     batched GEMM template reads it: a head view in place, else its strided parts (a lazy
     value computed into a buffer first, before any variant)."""
     head = in_place_head(lw, node, position)
-    return head if head is not None else _as_batch(lw._read_parts(lw._operand(node.args[position])))
+    return head if head is not None else _as_batch(lw.read_parts(lw.operand(node.args[position])))
 
 
 def common_batch(*operands: tuple) -> tuple | None:
@@ -128,11 +128,11 @@ def lower(lw, node):
     for position in range(len(node.args)):
         head = in_place_head(lw, node, position)
         if head is None:
-            lw._read_parts(lw._operand(node.args[position]))
+            lw.read_parts(lw.operand(node.args[position]))
         else:
             heads[position] = head
     outer, lw.steps = lw.steps, []
-    out = lw._extern(node)
+    out = lw.extern(node)
     aten_steps, lw.steps = lw.steps, outer
     variant = None
     call = aten_steps[-1]

@@ -20,8 +20,8 @@ import torch
 
 from aotpack.ir.gemm import GemmStep, GemmVariant, PackedWeight
 from aotpack.ir.graph import Buffer, ExternArg, ExternCall, KernelCall, contiguous_strides
-from aotpack.ir.kernel import (CONV_EPILOGUES, DEPTHWISE_EPILOGUES, GEMM_EPILOGUES, ConvKernel, DepthwiseConvKernel,
-                                GemmKernel, WinogradConvKernel, pack_panels, pad_bias, winograd_weights)
+from aotpack.ir.template_kernels import ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
+from aotpack.ir.epilogues import CONV_EPILOGUES, DEPTHWISE_EPILOGUES, GEMM_EPILOGUES
 
 mkldnn = torch.ops.mkldnn
 
@@ -58,9 +58,9 @@ def lower(lw, m):
     weight = lw.env[m.weight]
     if not (isinstance(weight, Buffer) and weight.kind == "constant"):
         return lw.lower_nodes(m.nodes)
-    x = lw._read_parts(lw._operand(m.x))
-    bias = lw._strided(lw._operand(m.bias)) if m.bias is not None else None
-    other = lw._strided(lw._operand(m.residual)) if m.residual is not None else None
+    x = lw.read_parts(lw.operand(m.x))
+    bias = lw.strided(lw.operand(m.bias)) if m.bias is not None else None
+    other = lw.strided(lw.operand(m.residual)) if m.residual is not None else None
     replaced = ()
     if m.batch_norm is not None:
         folded = _fold_batch_norm(lw, m, weight, bias)
@@ -69,7 +69,7 @@ def lower(lw, m):
         weight, bias, replaced = folded
     outer, lw.steps = lw.steps, []
     result = lw.lower_nodes(m.nodes) if m.batch_norm is None else _lower_folded_conv(lw, m, x, weight, bias)
-    out_parts = lw._strided(result)
+    out_parts = lw.strided(result)
     aten_steps, lw.steps = lw.steps, outer
     out, gemm_out = out_parts[0], lw.env[m.gemm]
     fits = (out_parts == _whole(out) and out.strides == contiguous_strides(out.shape)
@@ -236,21 +236,23 @@ def _template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     if residual_stride is None:
         return None
     n = weight.shape[0]
-    panels = _constant(lw, f"{weight.name}.gemm_panels", pack_panels(lw.constant_tensors[weight.name]))
+    dense = lw.constant_tensors[weight.name]
+    panels = _constant(lw, f"{weight.name}.gemm_panels", lw.pack_weight("gemm_panels", dense))
     inputs = [x[0], panels]
     if bias is not None:
         base, shape, strides, offset = bias
         values = torch.as_strided(lw.constant_tensors[base.name], shape, strides, offset).reshape(n)
-        inputs.append(_constant(lw, f"{base.name}.gemm_bias", pad_bias(values)))
+        inputs.append(_constant(lw, f"{base.name}.gemm_bias", lw.pack_weight("gemm_bias", values)))
     if other is not None:
         inputs.append(other[0])
     # named by position, not lw.counter: offering the template renames no other buffer or kernel
     kernel = GemmKernel(f"gemm_{epilogue}_{len(lw.kernels)}", f"gemm_{epilogue}", rows, n, depth, tuple(inputs), (out,),
                         epilogue=epilogue, has_bias=bias is not None, a_offset=x[3], a_row_stride=row_stride,
                         residual_offset=other[3] if other is not None else 0,
-                        residual_row_stride=residual_stride)
+                        residual_row_stride=residual_stride, panel=panels.shape[-1])
     lw.kernels.append(kernel)
-    return GemmVariant("template", [KernelCall(kernel)], [], panels=((panels, weight),))
+    return GemmVariant("template", [KernelCall(kernel)], [],
+                       panels=((panels, weight, lw.weight_transform("gemm_panels")),))
 
 
 def _algorithm(unary: str | None) -> ExternArg:
@@ -317,7 +319,8 @@ def _dense_conv_inputs(lw, x, weight: Buffer, bias, other, c_out: int) -> tuple:
     """A dense convolution kernel's inputs: ``(x base, weight[, padded bias][, residual base])``."""
     inputs = [x[0], weight]
     if bias is not None:
-        inputs.append(_constant(lw, _bias_name(bias), pad_bias(_constant_values(lw, bias).reshape(c_out))))
+        padded = lw.pack_weight("gemm_bias", _constant_values(lw, bias).reshape(c_out))
+        inputs.append(_constant(lw, _bias_name(bias), padded))
     if other is not None:
         inputs.append(other[0])
     return tuple(inputs)
@@ -331,12 +334,12 @@ def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | 
     stride, padding, dilation = m.gemm.args[3:6]
     dense = lw.constant_tensors[weight.name]
     c_out = dense.shape[0]
-    panels = _constant(lw, f"{weight.name}.conv_panels", pack_panels(dense.reshape(c_out, -1)))
+    panels = _constant(lw, f"{weight.name}.conv_panels", lw.pack_weight("gemm_panels", dense.reshape(c_out, -1)))
     kernel = ConvKernel(f"conv_{m.epilogue}_{len(lw.kernels)}", f"conv_{m.epilogue}", tuple(x[1]), c_out,
                         tuple(dense.shape[2:]), tuple(stride), tuple(padding), tuple(dilation),
                         _dense_conv_inputs(lw, x, panels, bias, other, c_out), (out,),
                         epilogue=m.epilogue, has_bias=bias is not None, x_offset=x[3],
-                        residual_offset=other[3] if other is not None else 0)
+                        residual_offset=other[3] if other is not None else 0, panel=panels.shape[-1])
     lw.kernels.append(kernel)
     return GemmVariant("template", [KernelCall(kernel)], [])
 
@@ -389,7 +392,7 @@ def _winograd_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
         return None
     dense = lw.constant_tensors[weight.name]
     c_out = dense.shape[0]
-    u = _constant(lw, f"{weight.name}.winograd", winograd_weights(dense))
+    u = _constant(lw, f"{weight.name}.winograd", lw.pack_weight("winograd", dense))
     kernel = WinogradConvKernel(f"winograd_{m.epilogue}_{len(lw.kernels)}", f"winograd_{m.epilogue}", tuple(x[1]),
                                 c_out, tuple(padding), _dense_conv_inputs(lw, x, u, bias, other, c_out), (out,),
                                 epilogue=m.epilogue, has_bias=bias is not None, x_offset=x[3],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aotpack import env
 from aotpack.errors import AotpackError
-from aotpack.archive.writer import read_manifest
+from aotpack.archive.reader import read_manifest
 
 #: A source checkout's root (editable installs); the runtime builds into native/build.
 CHECKOUT = Path(__file__).resolve().parents[2]

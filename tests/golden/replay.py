@@ -49,7 +49,7 @@ def generate(model: str) -> dict[str, str]:
     # every candidate of the space is pinned, tiny kernels and those estimated far behind too
     settings = Settings(topn=10, device_limit=DEVICE_LIMIT, backend="cpu", target_isa=TARGET_ISA, tiny_kernel_us=0,
                         far_behind_factor=0)
-    graph = lower(export_model(load_model_file(REPO / model)), backend.dtypes)
+    graph = lower(export_model(load_model_file(REPO / model)), backend)
     sets = candidates.prepare(graph, backend, settings)
     sources = {}
     for cs in sets.values():

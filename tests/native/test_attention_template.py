@@ -24,7 +24,7 @@ from aotpack.build import build, export_model
 from aotpack.config import Settings
 from aotpack.frontend.export import load_model
 from aotpack.ir.gemm import gemm_steps
-from aotpack.ir.kernel import AttentionKernel
+from aotpack.ir.template_kernels import AttentionKernel
 from helpers import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 ATOL, RTOL = 1e-5, 1e-4
@@ -84,7 +84,7 @@ def _model_file(tmp_path, b=1, h=2, m=7, n=7, d=32, dv=None, mask="none"):
 
 
 def _attention_steps(path):
-    graph = lowering.lower(export_model(load_model(path), None), backends.get("cpu").dtypes)
+    graph = lowering.lower(export_model(load_model(path), None), backends.get("cpu"))
     return graph, [s for s in gemm_steps(graph) if s.kind == "attention"]
 
 

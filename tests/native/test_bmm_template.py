@@ -23,7 +23,7 @@ from aotpack.config import Settings
 from aotpack.frontend.export import load_model
 from aotpack.ir.gemm import GemmStep, gemm_steps
 from aotpack.ir.graph import Buffer
-from aotpack.ir.kernel import BmmKernel
+from aotpack.ir.template_kernels import BmmKernel
 from helpers import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 ATOL, RTOL = 1e-5, 1e-5
@@ -173,7 +173,7 @@ def _template_wins(functions):
 
 def _bmm_steps(path) -> list[GemmStep]:
     from aotpack.build import export_model
-    graph = lowering.lower(export_model(load_model(path), None), backends.get("cpu").dtypes)
+    graph = lowering.lower(export_model(load_model(path), None), backends.get("cpu"))
     return [s for s in gemm_steps(graph) if s.kind == "bmm"]
 
 

@@ -26,7 +26,8 @@ from aotpack.tune.candidates import shortlist
 from aotpack.config import Settings
 from aotpack.frontend.export import export_model, load_model_file
 from aotpack.ir.graph import Buffer, contiguous_strides
-from aotpack.ir.kernel import GEMM_PANEL, ConvKernel, pack_panels, pad_bias
+from aotpack.ir.template_kernels import ConvKernel
+from aotpack.backends.cpu.weights import GEMM_PANEL, pack_panels, pad_bias
 from helpers import MODELS, assert_native_parity, compile_tilings, fixed_timing
 
 BLOCK = MODELS / "conv_bn_block.py"

@@ -26,7 +26,7 @@ from aotpack.config import Settings
 from aotpack.frontend.export import export_model, load_model_file
 from aotpack.ir.gemm import gemm_steps
 from aotpack.ir.graph import Buffer, contiguous_strides
-from aotpack.ir.kernel import DepthwiseConvKernel
+from aotpack.ir.template_kernels import DepthwiseConvKernel
 from aotpack.archive.layout import KERNEL_IR_PATH
 from aotpack.archive.writer import read_members
 from helpers import MODELS, assert_native_parity, compile_tilings, fixed_timing
@@ -272,5 +272,5 @@ def test_a_grouped_conv_that_is_not_depthwise_gets_no_template():
 
     model_file = dataclasses.replace(load_model_file(ZOO), module=Grouped().eval(),
                                      example_inputs=(torch.randn(1, 4, 6, 6),))
-    graph = lowering.lower(export_model(model_file), backends.get("cpu").dtypes)
+    graph = lowering.lower(export_model(model_file), backends.get("cpu"))
     assert [[v.name for v in step.variants] for step in gemm_steps(graph)] == [["aten", "onednn"]] * 2

@@ -20,7 +20,8 @@ from aotpack.backends.cpu.gemm_template import GemmTiling
 from aotpack.config import Settings
 from aotpack.ir.graph import Buffer, contiguous_strides
 from aotpack.build import build
-from aotpack.ir.kernel import GEMM_PANEL, GemmKernel, pack_panels, pad_bias
+from aotpack.ir.template_kernels import GemmKernel
+from aotpack.backends.cpu.weights import GEMM_PANEL, pack_panels, pad_bias
 from helpers import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 TIED = MODELS / "tied_weights.py"

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import aotpack
-from aotpack.runtime import loader
+from aotpack.runtime import c_api
 from aotpack.errors import AotpackError
 from helpers import SAMPLES
 
@@ -20,14 +20,14 @@ def archive(build_model):
 
 class _Newer(ctypes.Structure):
     """AotpackLoadOptions as a newer header might declare it: one option appended."""
-    _fields_ = [("options", loader._LoadOptions), ("later_option", ctypes.c_int64)]
+    _fields_ = [("options", c_api.LoadOptions), ("later_option", ctypes.c_int64)]
 
 
 def _load_with(archive, options) -> tuple[int, str]:
-    lib = loader._library()
+    lib = c_api.library()
     handle = ctypes.c_void_p()
     status = lib.aotpack_model_load_with(os.fsencode(archive),
-                                         ctypes.cast(ctypes.byref(options), ctypes.POINTER(loader._LoadOptions)),
+                                         ctypes.cast(ctypes.byref(options), ctypes.POINTER(c_api.LoadOptions)),
                                          ctypes.byref(handle))
     if status == 0:
         lib.aotpack_model_free(handle)
@@ -35,15 +35,15 @@ def _load_with(archive, options) -> tuple[int, str]:
 
 
 def test_null_options_and_a_zeroed_struct_are_the_defaults(archive):
-    lib = loader._library()
+    lib = c_api.library()
     handle = ctypes.c_void_p()
     assert lib.aotpack_model_load_with(os.fsencode(archive), None, ctypes.byref(handle)) == 0
     lib.aotpack_model_free(handle)
-    assert _load_with(archive, loader._LoadOptions(struct_size=ctypes.sizeof(loader._LoadOptions)))[0] == 0
+    assert _load_with(archive, c_api.LoadOptions(struct_size=ctypes.sizeof(c_api.LoadOptions)))[0] == 0
 
 
 def test_struct_size_must_be_set(archive):
-    status, message = _load_with(archive, loader._LoadOptions())
+    status, message = _load_with(archive, c_api.LoadOptions())
     assert (status, message) == (1, "AotpackLoadOptions.struct_size is 0: set it to sizeof(AotpackLoadOptions)")
 
 
@@ -54,7 +54,7 @@ def test_a_newer_struct_loads_unless_it_sets_an_unknown_option(archive):
     newer.later_option = 1
     assert _load_with(archive, newer) == (
         1, f"AotpackLoadOptions sets options this runtime does not know (struct_size "
-           f"{ctypes.sizeof(_Newer)} > {ctypes.sizeof(loader._LoadOptions)}): use a newer runtime")
+           f"{ctypes.sizeof(_Newer)} > {ctypes.sizeof(c_api.LoadOptions)}): use a newer runtime")
 
 
 def test_require_signature_without_keys_is_refused(archive, monkeypatch):

@@ -14,7 +14,7 @@ import torch
 import aotpack
 from aotpack.archive import file_checks
 from aotpack.archive import layout
-from aotpack.runtime import loader
+from aotpack.runtime import c_api, loader
 from aotpack.errors import AotpackError
 from aotpack.archive.reader import read_all
 from aotpack.runtime.native import find_runtime_library
@@ -60,24 +60,24 @@ def test_a_load_parses_the_manifest_only_when_it_is_read(build_model):
 
 def test_outputs_are_the_runtime_memory_not_copies(mlp):
     x = torch.randn(32, 512)
-    before = loader.live_runtime_tensors()
+    before = c_api.live_runtime_tensors()
     (y,) = mlp(x)
-    assert loader.live_runtime_tensors() == before + 1   # the runtime's tensor, lent to torch
+    assert c_api.live_runtime_tensors() == before + 1   # the runtime's tensor, lent to torch
     alias = y[0]
     del y
-    assert loader.live_runtime_tensors() == before + 1   # still viewed through `alias`
+    assert c_api.live_runtime_tensors() == before + 1   # still viewed through `alias`
     del alias
-    assert loader.live_runtime_tensors() == before       # freed with the last torch view
+    assert c_api.live_runtime_tensors() == before       # freed with the last torch view
     # the raw C API: torch.from_dlpack wraps the very pointer the runtime handed out
-    lib = loader._library()
+    lib = c_api.library()
     capsule = x.__dlpack__(max_version=(1, 0))
-    inputs = (ctypes.c_void_p * 1)(loader._take(capsule))
+    inputs = (ctypes.c_void_p * 1)(c_api.take(capsule))
     outputs = (ctypes.c_void_p * 1)()
     assert lib.aotpack_model_run_dlpack(mlp._handle, inputs, 1, outputs, 1) == 0
-    managed = loader._DLManagedTensorVersioned.from_address(outputs[0])
+    managed = c_api.DLManagedTensorVersioned.from_address(outputs[0])
     assert (managed.major, managed.flags) == (1, 0)
     data = managed.data
-    (y,) = loader._to_torch([outputs[0]])
+    (y,) = c_api.to_torch([outputs[0]])
     assert y.data_ptr() == data
 
 
@@ -103,13 +103,13 @@ def test_inputs_are_used_in_place_when_the_layout_matches(build_model):
         assert model.stats() == {"runs": 3, "inputs_used": 2, "inputs_copied": 1}
         # an output that views an input keeps that memory alive after the caller drops it
         del view, doubled, _
-        before = loader.live_runtime_tensors()
+        before = c_api.live_runtime_tensors()
         x = torch.arange(24.0).reshape(4, 6)
         view, _ = model(x)
         del x
         torch.testing.assert_close(view, torch.arange(6.0, 24.0).reshape(3, 6).t(), rtol=0, atol=0)
         del view, _
-        assert loader.live_runtime_tensors() == before
+        assert c_api.live_runtime_tensors() == before
 
 
 def test_inputs_the_model_writes_are_the_callers(build_model):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import aotpack
-from aotpack.runtime import loader
+from aotpack.runtime import c_api
 from aotpack.errors import AotpackError
 from helpers import MODELS
 
@@ -24,36 +24,36 @@ def add_one(build_model, request):
     """The model through _aotpack_binding, then through ctypes alone (no extension)."""
     with pytest.MonkeyPatch.context() as patch:
         if request.param == "ctypes":
-            patch.setattr(loader, "_binding", lambda: None)
+            patch.setattr(c_api, "binding", lambda: None)
         with aotpack.load(build_model(MODELS / "add_one.py").archive, device_limit=1) as model:
-            assert type(model._runner).__name__ == {"binding": "Runner", "ctypes": "_CtypesRunner"}[request.param]
+            assert type(model._runner).__name__ == {"binding": "Runner", "ctypes": "CtypesRunner"}[request.param]
             yield model
 
 
 def test_the_binding_is_built_beside_the_runtime_library_and_used():
-    binding = loader._binding()
+    binding = c_api.binding()
     assert binding is not None and binding.__name__ == "_aotpack_binding"
-    assert Path(binding.__file__).parent == loader.find_runtime_library().parent
+    assert Path(binding.__file__).parent == c_api.find_runtime_library().parent
 
 
 def test_fast_capsule_only_for_plain_cpu_tensors():
     plain = torch.ones(2)
-    capsule = loader._fast_capsule(plain)
-    assert loader._capsule_is_valid(capsule, loader._VERSIONED_NAME) == 1
-    assert loader._fast_capsule(torch.ones(2, requires_grad=True)) is None
-    assert loader._fast_capsule(torch.nn.Parameter(torch.ones(2))) is None  # a subclass
-    assert loader._fast_capsule(torch.ones(2, dtype=torch.complex64).conj()) is None
-    assert loader._fast_capsule(torch.ones(2).to_sparse()) is None
-    assert loader._fast_capsule(torch.ones(2, device="meta")) is None
-    assert loader._fast_capsule(np.ones(2, dtype=np.float32)) is None
+    capsule = c_api.fast_capsule(plain)
+    assert c_api.capsule_is_valid(capsule, c_api.VERSIONED_NAME) == 1
+    assert c_api.fast_capsule(torch.ones(2, requires_grad=True)) is None
+    assert c_api.fast_capsule(torch.nn.Parameter(torch.ones(2))) is None  # a subclass
+    assert c_api.fast_capsule(torch.ones(2, dtype=torch.complex64).conj()) is None
+    assert c_api.fast_capsule(torch.ones(2).to_sparse()) is None
+    assert c_api.fast_capsule(torch.ones(2, device="meta")) is None
+    assert c_api.fast_capsule(np.ones(2, dtype=np.float32)) is None
 
 
 def test_impl_handles_only_when_every_input_is_a_plain_tensor():
     x, y = torch.ones(2), torch.zeros(3)
-    assert loader._impl_handles((x, y)) == [x._cdata, y._cdata]
-    assert loader._impl_handles(()) == []
-    assert loader._impl_handles((x, torch.nn.Parameter(torch.ones(2)))) is None  # a subclass
-    assert loader._impl_handles((x, np.ones(2, dtype=np.float32))) is None
+    assert c_api.impl_handles((x, y)) == [x._cdata, y._cdata]
+    assert c_api.impl_handles(()) == []
+    assert c_api.impl_handles((x, torch.nn.Parameter(torch.ones(2)))) is None  # a subclass
+    assert c_api.impl_handles((x, np.ones(2, dtype=np.float32))) is None
 
 
 def test_plain_tensors_take_the_tensor_door_and_the_rest_dlpack(add_one, monkeypatch):
@@ -94,25 +94,25 @@ def test_c_api_tensor_door_refuses_what_is_not_plain_before_running(add_one, kin
              "sparse": lambda: torch.zeros(4, 4).to_sparse(),
              "meta": lambda: torch.zeros(4, 4, device="meta"),
              "subclass": lambda: torch.nn.Parameter(torch.zeros(4, 4))}[kind]()
-    lib = loader._library()
+    lib = c_api.library()
     runs = add_one.stats()["runs"]
     outputs = (ctypes.c_void_p * 1)(12345)
     status = lib.aotpack_model_run_torch(add_one._handle, (ctypes.c_void_p * 1)(value._cdata), 1, outputs, 1)
-    assert (status, loader._last_error(lib)) == (
-        loader._NOT_PLAIN, "input 0 is not a plain dense CPU tensor; pass it by DLPack")
+    assert (status, c_api.last_error(lib)) == (
+        c_api.NOT_PLAIN, "input 0 is not a plain dense CPU tensor; pass it by DLPack")
     assert outputs[0] is None and add_one.stats()["runs"] == runs  # nothing ran, nothing written
 
 
 def test_c_api_tensor_door_errors_name_the_model(add_one):
-    lib = loader._library()
+    lib = c_api.library()
     x = torch.zeros(4, 4)
     inputs, outputs = (ctypes.c_void_p * 1)(x._cdata), (ctypes.c_void_p * 2)()
     assert lib.aotpack_model_run_torch(None, inputs, 1, outputs, 1) == 1
-    assert loader._last_error(lib) == "NULL model handle"
+    assert c_api.last_error(lib) == "NULL model handle"
     assert lib.aotpack_model_run_torch(add_one._handle, inputs, 1, outputs, 2) == 1
-    assert loader._last_error(lib) == "model 'add_one' 0.1.0: the model has 1 output(s), the caller passed 2 slot(s)"
+    assert c_api.last_error(lib) == "model 'add_one' 0.1.0: the model has 1 output(s), the caller passed 2 slot(s)"
     assert lib.aotpack_model_run_torch(add_one._handle, (ctypes.c_void_p * 1)(), 1, outputs, 1) == 1
-    assert loader._last_error(lib) == "model 'add_one' 0.1.0: input 0 ('x'): NULL tensor"
+    assert c_api.last_error(lib) == "model 'add_one' 0.1.0: input 0 ('x'): NULL tensor"
     assert list(outputs) == [None, None]
 
 
@@ -146,13 +146,13 @@ def test_refused_inputs_are_named_and_the_model_stays_usable(add_one):
         ((torch.zeros(4, 5),),
          "model 'add_one' 0.1.0: input 0 ('x'): expected float32[4, 4], got float32[4, 5]"),
     ]
-    live = loader.live_runtime_tensors()
+    live = c_api.live_runtime_tensors()
     for args, message in cases:
         with pytest.raises(AotpackError) as error:
             add_one(*args)
         assert str(error.value) == message
         assert torch.equal(add_one(x)[0], torch.ones(4, 4))  # the slots still work
-    assert loader.live_runtime_tensors() == live
+    assert c_api.live_runtime_tensors() == live
 
 
 # ---- the C API with hand-made DLPack tensors: every input's deleter runs exactly once ----
@@ -193,12 +193,12 @@ class Handed:
 
 
 def _run(model, handed: list[Handed], num_outputs: int = 1, handle="model"):
-    lib = loader._library()
+    lib = c_api.library()
     inputs = (ctypes.c_void_p * max(len(handed), 1))(*[h.address for h in handed])
     outputs = (ctypes.c_void_p * max(num_outputs, 1))()
     rc = lib.aotpack_model_run_dlpack(model._handle if handle == "model" else None, inputs, len(handed),
                                       outputs, num_outputs)
-    message = loader._last_error(lib) if rc else None
+    message = c_api.last_error(lib) if rc else None
     return rc, message, [outputs[i] for i in range(num_outputs)]
 
 
@@ -230,14 +230,14 @@ def test_c_api_adopts_row_major_inputs_without_strides(add_one):
     handed = Handed(x, strides=False)  # DLPack < 1.2: NULL strides mean row-major
     rc, message, (output,) = _run(add_one, [handed])
     assert (rc, message, handed.calls) == (0, None, 1)  # freed at the end of the call
-    (y,) = loader._to_torch([output])
+    (y,) = c_api.to_torch([output])
     assert torch.equal(y, x + 1)
 
 
 @pytest.mark.parametrize("kind", ["binding", "ctypes"])
 def test_close_waits_for_running_calls_and_later_calls_are_refused(build_model, monkeypatch, kind):
     if kind == "ctypes":
-        monkeypatch.setattr(loader, "_binding", lambda: None)
+        monkeypatch.setattr(c_api, "binding", lambda: None)
     model = aotpack.load(build_model(MODELS / "add_one.py").archive, device_limit=1)
     x = torch.arange(16.0).reshape(4, 4)
     started, results = threading.Barrier(5), []
@@ -267,11 +267,11 @@ def test_close_waits_for_running_calls_and_later_calls_are_refused(build_model, 
 
 def test_binding_can_be_turned_off_and_a_broken_one_falls_back_to_ctypes(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("AOTPACK_BINDING", "ctypes")
-    assert loader._binding() is None
-    assert loader._import_binding(tmp_path) is None  # not built there
+    assert c_api.binding() is None
+    assert c_api.import_binding(tmp_path) is None  # not built there
     broken = tmp_path / f"_aotpack_binding{sysconfig.get_config_var('EXT_SUFFIX')}"
     broken.write_bytes(b"not an ELF file")
-    assert loader._import_binding(tmp_path) is None
+    assert c_api.import_binding(tmp_path) is None
     assert caplog.messages[-1].startswith(f"cannot import {broken} (")
     assert caplog.messages[-1].endswith("); aotpack.load calls the runtime through ctypes (~2.5 us more "
                                         "per call); rebuild it with `make runtime`")

@@ -21,7 +21,7 @@ from aotpack.tune import cache
 from aotpack.tune import candidates
 from aotpack.tune import compile as compile_stage
 from aotpack.tune.autotune import PythonModeRun
-from aotpack.backends.cpu import lane_sum, renderer, softmax_store, tiling
+from aotpack.backends.cpu import kernel_writer, lane_sum, renderer, softmax_store, tiling
 from aotpack.config import Settings
 from aotpack.frontend.export import export_model, load_model_file
 from aotpack.ir.kernel import online_softmax_pairs
@@ -57,7 +57,7 @@ def run_forms(path, cache_dir, keep, most: int = 2) -> tuple[list[str], list[lis
     settings = Settings(topn=10, cache_dir=cache_dir, device_limit=DEVICE_LIMIT, backend="cpu", tiny_kernel_us=0,
                         far_behind_factor=0)
     model_file = load_model_file(path)
-    graph = lower(export_model(model_file), backend.dtypes)
+    graph = lower(export_model(model_file), backend)
     sets = {}
     for kid, cs in candidates.prepare(graph, backend, settings).items():
         chosen = tuple(c for c in cs.candidates if keep(c))[:most] or cs.candidates[:1]
@@ -211,7 +211,7 @@ def test_streamed_softmax_matches_eager_with_special_values(tmp_path, kernel_cac
         source = backends.get("cpu").render_kernel(kernel, tiling.solve(kernel, DEVICE_LIMIT)[0])
         assert "ap_stream_fence();" in source
         # rows of 1025+ defer their store into the next row's exp loop; 257 stores at once
-        deferred = kernel.inner_size > renderer.ONLINE_CHUNK
+        deferred = kernel.inner_size > kernel_writer.ONLINE_CHUNK
         blocked = "__builtin_prefetch(" in source  # not the cat: its store follows the loop
         unblocked += deferred and not blocked
         assert ("ap_store_scaled_streaming(pending_out + pb" in source) == (deferred and blocked)

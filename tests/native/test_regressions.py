@@ -107,7 +107,7 @@ def test_max_pool_is_fused_unless_its_indices_are_read(build_model, tmp_path):
     path = MODELS / "max_pool.py"
     result = build_model(path)
     assert_native_parity(result.archive, path, tmp_path)  # NaN and -inf compared as eager gives them
-    graph = lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
+    graph = lower(export_model(load_model_file(path)), backends.get("cpu"))
     assert [str(call.op) for call in graph.extern_calls()] == ["aten.max_pool2d_with_indices.default"]  # indices read
     names = [kernel.name for kernel in graph.kernels]
     # a pool that pads or strides along the width is two kernels: the rows' maximum over the

@@ -10,10 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from aotpack import backends
 from aotpack.lower import gemm_lowering
 from aotpack.backends.cpu import winograd_template
 from aotpack.ir.graph import Buffer, contiguous_strides
-from aotpack.ir.kernel import WINOGRAD_G, WinogradConvKernel, winograd_weights
+from aotpack.ir.template_kernels import WinogradConvKernel
+from aotpack.backends.cpu.weights import WINOGRAD_G, winograd_weights
 from test_conv_template import assert_every_tiling_matches
 
 ATOL, RTOL = 1e-4, 1e-4
@@ -122,6 +124,9 @@ class _Lowering:
         self.constants = [Buffer("w", tuple(weight.shape), contiguous_strides(weight.shape), torch.float32,
                                  "constant")]
         self.kernels = []
+
+    def pack_weight(self, kind: str, tensor: torch.Tensor) -> torch.Tensor:
+        return backends.get("cpu").weight_transform(kind)(tensor)
 
 
 def _variant(x_shape, c_out=32, kernel=3, **match):

@@ -22,9 +22,9 @@ MODELS = ["tests/models/upsample_attention.py", "tests/models/vit_block.py", "te
 def _ir(path: str, one_pass: bool) -> str:
     model_file = load_model_file(REPO / path)
     if one_pass:
-        return lower(export.export_model(model_file), backends.get("cpu").dtypes).dump()
+        return lower(export.export_model(model_file), backends.get("cpu")).dump()
     with mock.patch.object(export, "_export_one_pass", lambda _: None):
-        return lower(export.export_model(model_file), backends.get("cpu").dtypes).dump()
+        return lower(export.export_model(model_file), backends.get("cpu")).dump()
 
 
 @pytest.mark.parametrize("path", MODELS)

@@ -68,7 +68,7 @@ def test_cat_is_one_kernel_with_its_producers_and_consumer():
 def test_a_cat_piece_is_computed_only_inside_its_branch():
     """cat along the outer dim of broadcast columns: the select runs once per row, and
     each piece's load stays inside its branch (outside, it would read past the input)."""
-    from aotpack.backends.cpu.renderer import build_body
+    from aotpack.backends.cpu.kernel_writer import build_body
 
     a, b = torch.randn(3, 1), torch.randn(2, 1)
     graph = _lower(lambda a, b: torch.cat([a, b], dim=0).expand(5, 8) + 1.0, a, b)
@@ -84,7 +84,7 @@ def test_a_cat_piece_that_is_whole_rows_is_selected_without_j():
     compare drops j (the rest is a multiple of 13 and j < 13), so GCC branches once per
     row instead of masking both pieces' loads in the j loop; where j can cross a bound
     (a bound off the grain, or j alone) the compare keeps it."""
-    from aotpack.backends.cpu.renderer import build_body, piece_condition
+    from aotpack.backends.cpu.kernel_writer import build_body, piece_condition
     from aotpack.ir.index import Index
 
     x, y = torch.randn(4, 13), torch.randn(4, 26)
@@ -103,7 +103,7 @@ def test_an_inner_cat_cuts_the_write_loop_where_its_piece_changes():
     """cat along j: the j loop is cut at 5, so in each segment GCC folds the compare and
     reads only that piece (views_cat's kernel: 16.7 -> 2.1 us); more than MAX_J_SPLITS
     cuts keep one loop."""
-    from aotpack.backends.cpu.renderer import MAX_J_SPLITS, build_body, j_segments
+    from aotpack.backends.cpu.kernel_writer import MAX_J_SPLITS, build_body, j_segments
 
     x, y = torch.randn(4, 5), torch.randn(4, 8)
     graph = _lower(lambda x, y: torch.cat([x, y * 2.0], dim=1) + 1.0, x, y)
@@ -206,7 +206,7 @@ def test_a_view_of_a_constant_is_not_folded_into_a_copy():
         def forward(self, x):
             return x + self.table[:, :1], x * (self.table[:, 1:2] * 2.0).exp()
     ep = torch.export.export(Table(), (torch.randn(6, 1),), strict=False).run_decompositions(decomposition_table())
-    graph = lower(ep, backends.get("cpu").dtypes)
+    graph = lower(ep, backends.get("cpu"))
     folded = [b for b in graph.constants if b.name.startswith("_folded_")]
     assert [b.shape for b in folded] == [(6, 1)] and "table" in [b.name for b in graph.constants]
 

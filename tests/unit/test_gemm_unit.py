@@ -28,7 +28,7 @@ ATOL, RTOL = 1e-5, 1e-4
 @pytest.fixture(scope="module")
 def zoo():
     model_file = load_model_file(ZOO)
-    graph = lower(export_model(model_file), backends.get("cpu").dtypes)
+    graph = lower(export_model(model_file), backends.get("cpu"))
     with torch.no_grad():
         reference = list(model_file.module(*[t.clone() for t in model_file.example_inputs]))
     return graph, model_file.example_inputs, reference
@@ -123,7 +123,7 @@ def example_inputs():
 def test_epilogue_with_another_reader_or_other_form_is_not_folded(tmp_path):
     path = tmp_path / "shared.py"
     path.write_text(SHARED)
-    graph = lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
+    graph = lower(export_model(load_model_file(path)), backends.get("cpu"))
     assert [s.epilogue for s in _steps(graph)] == ["none", "none"]  # tanh-GELU is not oneDNN's erf GELU
     choices = {s.key: Choice([v.name for v in s.variants].index("onednn"), (), True, False) for s in _steps(graph)}
     assert len(gemm.resolve(graph, choices).kernels) == 2  # relu and the tanh GELU stay aotpack kernels
@@ -187,7 +187,7 @@ def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):
 def test_identical_gemm_steps_are_twins_of_the_first():
     """The three linear + tanh layers do the same work on their own weights: one key; the
     head (another shape) and every step of the zoo (all different) are their own."""
-    graph = lower(export_model(load_model_file(REPEATED)), backends.get("cpu").dtypes)
+    graph = lower(export_model(load_model_file(REPEATED)), backends.get("cpu"))
     keys = [s.key for s in _steps(graph)]
     assert [s.epilogue for s in _steps(graph)] == ["tanh", "tanh", "tanh", "none"]
     assert gemm_twins(graph) == {keys[0]: keys[0], keys[1]: keys[0], keys[2]: keys[0], keys[3]: keys[3]}
@@ -241,7 +241,7 @@ def test_the_runner_up_variant_of_a_step_compiles_only_its_candidate_0(tmp_path)
     path = tmp_path / "winograd_and_direct.py"
     path.write_text(WINOGRAD_AND_DIRECT)
     cpu = backends.get("cpu")
-    graph = lower(export_model(load_model_file(path)), cpu.dtypes)
+    graph = lower(export_model(load_model_file(path)), cpu)
     (step,) = _steps(graph)
     assert [v.name for v in step.variants] == ["onednn", "template", "winograd"]
     direct, winograd = (v.steps[0].kernel.kernel_id for v in step.variants[1:])
@@ -281,7 +281,7 @@ def test_a_template_tiling_estimated_far_behind_the_best_is_not_compiled(tmp_pat
     path = tmp_path / "winograd_and_direct.py"
     path.write_text(WINOGRAD_AND_DIRECT)
     cpu = backends.get("cpu")
-    graph = lower(export_model(load_model_file(path)), cpu.dtypes)
+    graph = lower(export_model(load_model_file(path)), cpu)
     (step,) = _steps(graph)
     winograd = step.variants[2].steps[0].kernel
     settings = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="1.4", device_limit="2")

@@ -5,14 +5,15 @@ import textwrap
 from aotpack import backends
 from aotpack.ir import gemm
 from aotpack.frontend.export import export_model, load_model_file
-from aotpack.ir.kernel import FusedKernel, GemmKernel, Reduce, walk
+from aotpack.ir.kernel import FusedKernel, Reduce, walk
+from aotpack.ir.template_kernels import GemmKernel
 from aotpack.lower.lowering import lower
 from helpers import SAMPLES
 
 
 
 def lowered(path):
-    return lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
+    return lower(export_model(load_model_file(path)), backends.get("cpu"))
 
 
 def lowered_source(tmp_path, body: str, inputs: str):

@@ -23,10 +23,12 @@ from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (attention_template, bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
                                   gemm_template, tiling, winograd_template, wrapper_slot)
 from aotpack.backends.cpu.formulas import C_TYPES
+from aotpack.backends.cpu import weights
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
 from aotpack.backends.cpu.toolchain import CpuToolchain, target_isa
-from aotpack.ir.kernel import AttentionKernel, BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
+from aotpack.ir.template_kernels import (AttentionKernel, BmmKernel, ConvKernel, DepthwiseConvKernel, GemmKernel,
+                                         WinogradConvKernel)
 
 
 #: Kernel kinds with a template of their own: each module has ``solve``, ``estimate_us``
@@ -55,6 +57,11 @@ class CpuBackend(Backend):
         """``device_limit`` from the settings; ``vector_bytes`` from the target ISA (64 where
         it has AVX-512F)."""
         return Limits(settings.device_limit, cost_model.vector_bytes(self.target(settings)["features"]))
+
+    def weight_transform(self, kind: str):
+        """``weights.TRANSFORMS[kind]``: GEMM panels of ``weights.GEMM_PANEL`` columns, their
+        padded bias, Winograd filters."""
+        return weights.TRANSFORMS[kind]
 
     def solve(self, kernel, limits: Limits, count: int) -> list:
         template = TEMPLATES.get(type(kernel))

@@ -1,4 +1,4 @@
-"""The CPU fused attention template: tilings (TopN solver) and rendering of ``kernel_ir.AttentionKernel``.
+"""The CPU fused attention template: tilings (TopN solver) and rendering of ``template_kernels.AttentionKernel``.
 
 The kernel (``templates/cpu_attention.cpp.j2``) takes (batch, block of ``bm`` query rows) as
 work items; per item it sweeps the keys in blocks of ``bn``: the block of ``k`` is packed
@@ -22,7 +22,7 @@ import torch
 from aotpack.backends.base import Candidate
 from aotpack.backends.cpu.gemm_template import PARALLEL_MIN_FLOPS, VECTOR_BYTES, tile_width, wide_suffix
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import AttentionKernel, AttentionOperand
+from aotpack.ir.template_kernels import AttentionKernel, AttentionOperand
 from aotpack.codegen.render import render
 
 #: Keys per block must be a multiple of this (the score tile's width with AVX-512).

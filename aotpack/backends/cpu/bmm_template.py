@@ -1,4 +1,4 @@
-"""The CPU batched GEMM template: tilings (TopN solver) and rendering of ``kernel_ir.BmmKernel``.
+"""The CPU batched GEMM template: tilings (TopN solver) and rendering of ``template_kernels.BmmKernel``.
 
 The kernel (``templates/cpu_bmm.cpp.j2``) is the register-blocked GEMM of the linear
 template (``gemm_template``: up to ``mr`` rows x one panel of 16 columns of accumulators,
@@ -24,7 +24,7 @@ from aotpack.backends.cpu.gemm_template import (L2_BLOCK_BYTES, PARALLEL_MIN_FLO
                                                 VECTOR_BYTES, latency_rows, row_choices, tile_width, wide_speedup,
                                                 wide_suffix)
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import BmmKernel
+from aotpack.ir.template_kernels import BmmKernel
 from aotpack.codegen.render import render
 
 #: Bytes a thread's panel slot is rounded up to (the workspace alignment).

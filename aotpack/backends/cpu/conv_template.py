@@ -1,5 +1,5 @@
 """The CPU direct-convolution template: tilings (TopN solver) and rendering of
-``kernel_ir.ConvKernel``.
+``template_kernels.ConvKernel``.
 
 The kernel (``templates/cpu_conv.cpp.j2``) is the GEMM template's register tile applied
 to a convolution without an im2col matrix: per image, M = OH*OW output positions,
@@ -56,7 +56,8 @@ from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, L
                                                 wide_suffix)
 from aotpack.backends.cpu.toolchain import O2_MARK
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import CONV_EPILOGUES, ConvKernel
+from aotpack.ir.template_kernels import ConvKernel
+from aotpack.ir.epilogues import CONV_EPILOGUES
 from aotpack.codegen.render import render
 
 

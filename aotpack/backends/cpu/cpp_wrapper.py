@@ -15,7 +15,7 @@ from aotpack import env
 from aotpack.archive import layout
 from aotpack.errors import AotpackError
 from aotpack.ir.graph import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
-from aotpack.ir.kernel import pack_panels
+from aotpack.backends.cpu.weights import pack_panels
 from aotpack.codegen.render import render
 
 

@@ -1,5 +1,5 @@
 """The CPU depthwise convolution template: tilings (TopN solver), workspace and rendering
-of ``kernel_ir.DepthwiseConvKernel``.
+of ``template_kernels.DepthwiseConvKernel``.
 
 The kernel (``templates/cpu_depthwise_conv.cpp.j2``) works one (n, c) plane at a time.
 It first stages the plane's input rows into the thread's workspace, zero-padded and, for
@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import DEPTHWISE_EPILOGUES, DepthwiseConvKernel
+from aotpack.ir.template_kernels import DepthwiseConvKernel
+from aotpack.ir.epilogues import DEPTHWISE_EPILOGUES
 from aotpack.codegen.render import render
 
 #: Bytes of one vector register the template computes in where the target has AVX (the

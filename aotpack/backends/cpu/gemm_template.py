@@ -1,4 +1,4 @@
-"""The CPU GEMM template: tilings (TopN solver) and rendering of ``kernel_ir.GemmKernel``.
+"""The CPU GEMM template: tilings (TopN solver) and rendering of ``template_kernels.GemmKernel``.
 
 The kernel (``templates/cpu_gemm.cpp.j2``) is the classic register-blocked GEMM of
 BLIS/GotoBLAS: a register tile of up to ``mr`` rows x one weight panel (16 columns) of
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import GemmKernel
+from aotpack.ir.template_kernels import GemmKernel
 from aotpack.codegen.render import render
 
 #: Bytes of one vector register the template computes in where the target has AVX (the

@@ -1,6 +1,6 @@
 """The lane form of a float32 row sum: float partial sums in independent lanes, double across chunks.
 
-The plain row form (``renderer.KernelWriter._reduction_loop``) adds every element into
+The plain row form (``kernel_writer.KernelWriter._reduction_loop``) adds every element into
 one double accumulator under ``omp simd reduction(+:acc)``: each float is converted to
 double (half the lanes of a float vector), and the loop carries one vector accumulator,
 so it runs at one vector add per add latency. layer_norm of 64x4096 (two such sums per

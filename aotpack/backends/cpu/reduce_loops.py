@@ -14,7 +14,7 @@ reduction are memory-bound in that form and get a loop nest of their own here:
   after the parallel loop. Workspace: ``split_workspace_bytes``.
 
 Both return the C++ lines that replace the template's row loop (``render_kernel``).
-Accumulators are those of the row form (``renderer._accumulator``: double for float sums;
+Accumulators are those of the row form (``kernel_writer.accumulator``: double for float sums;
 a split float32 sum adds each segment in float lanes as the row form does, ``lane_sum``;
 a column float32 sum adds ``COLUMN_CHUNK`` rows in float before its double accumulators),
 so results agree with it to rounding.
@@ -25,7 +25,7 @@ import math
 
 from aotpack.backends.cpu import lane_sum
 from aotpack.backends.cpu.formulas import C_TYPES
-from aotpack.backends.cpu.renderer import REDUCTION_CLAUSE, REDUCTION_COMBINE, KernelWriter, _accumulator, _Block
+from aotpack.backends.cpu.kernel_writer import REDUCTION_CLAUSE, REDUCTION_COMBINE, KernelWriter, accumulator, Block
 from aotpack.ir.index import contiguous_strides
 from aotpack.ir.kernel import FusedKernel, Reduce
 
@@ -47,14 +47,14 @@ def _source(kernel: FusedKernel, red: Reduce, row_dependent: set) -> tuple[list,
     variables, which vary across the vector of outputs)."""
     writer = KernelWriter(kernel)
     writer.depends_on_j |= row_dependent
-    block = _Block()
+    block = Block()
     writer.stack = [writer.row_block, block]
     value = writer.value(red.source)
     return writer.row_lines, block.lines, value
 
 
 def _combine(red: Reduce, acc: str, value: str, nan: str | None) -> list[str]:
-    acc_type, _ = _accumulator(red.kind, red.dtype)
+    acc_type, _ = accumulator(red.kind, red.dtype)
     lines = [REDUCTION_COMBINE[red.kind].format(acc=acc, v=f"static_cast<{acc_type}>({value})")]
     if nan:
         lines.append(f"{nan} |= ({value} != {value});")
@@ -100,7 +100,7 @@ def column_loops(kernel: FusedKernel, tiling) -> list[str]:
         if size > 1:  # as in the row form, loads never name a size-1 row variable
             body.append(f"const int64_t i{k} = (p / {stride}) % {size};")
     for k, red in enumerate(kernel.exprs):
-        acc_type, init = _accumulator(red.kind, red.dtype)
+        acc_type, init = accumulator(red.kind, red.dtype)
         hoisted, inner, value = _source(kernel, red, row_names)
         acc, nan = f"acc{k}", (f"nan{k}" if _tracks_nan(red) else None)
         body += hoisted
@@ -192,7 +192,7 @@ def split_loops(kernel: FusedKernel, tiling) -> list[str]:
             body.append(f"const int64_t i{k} = (r / {stride}) % {dim};")
     combine = []
     for k, red in enumerate(kernel.exprs):
-        acc_type, init = _accumulator(red.kind, red.dtype)
+        acc_type, init = accumulator(red.kind, red.dtype)
         hoisted, inner, value = _source(kernel, red, set())
         acc, nan = f"acc{k}", (f"nan{k}" if _tracks_nan(red) else None)
         slot = f"workspace + ({k * items} + item) * {SLOT_BYTES}"

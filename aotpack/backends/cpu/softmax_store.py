@@ -43,8 +43,8 @@ import re
 import torch
 
 from aotpack.backends.cpu.formulas import C_TYPES
-from aotpack.backends.cpu.renderer import (
-    ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, _accumulator, _Block, chunk_max_lines,
+from aotpack.backends.cpu.kernel_writer import (
+    ONLINE_CHUNK, SIMDLEN_MARK, KernelBody, KernelWriter, accumulator, Block, chunk_max_lines,
 )
 from aotpack.ir.kernel import FusedKernel, Load, Piecewise, softmax_output, walk
 
@@ -91,14 +91,14 @@ def build_body(kernel: FusedKernel, stream: bool = False) -> KernelBody:
     maximum, total = softmax_output(kernel)
     ctx = KernelWriter(kernel)
     ctype, out_type = C_TYPES[maximum.dtype], C_TYPES[kernel.outputs[0].dtype]
-    acc_type, _ = _accumulator("sum", total.dtype)
+    acc_type, _ = accumulator("sum", total.dtype)
     size = total.size
     chunk = min(size, STREAM_CHUNK if stream else ONLINE_CHUNK)
     chunks = -(-size // chunk)
-    block_max = _Block()
+    block_max = Block()
     ctx.stack = [ctx.row_block, block_max]
     value_max = ctx.value(maximum.source)
-    block_exp = _Block()
+    block_exp = Block()
     ctx.stack = [ctx.row_block, block_exp]
     ctx.reductions[maximum] = "om"
     ctx.depends_on_j.add("om")

@@ -1,5 +1,5 @@
 """The CPU Winograd convolution template: tilings (TopN solver) and rendering of
-``kernel_ir.WinogradConvKernel`` (3x3, stride 1, dilation 1).
+``template_kernels.WinogradConvKernel`` (3x3, stride 1, dilation 1).
 
 The kernel (``templates/cpu_winograd_conv.cpp.j2``) computes F(2x2, 3x3) (Lavin & Gray,
 "Fast Algorithms for Convolutional Neural Networks", 2016): 16 multiplies per 2x2 output
@@ -27,7 +27,8 @@ from aotpack.backends.base import Candidate
 from aotpack.backends.cpu.conv_template import conv_epilogue_cpp
 from aotpack.backends.cpu.gemm_template import PARALLEL_MIN_FLOPS, VECTOR_BYTES, tile_width, wide_speedup, wide_suffix
 from aotpack.config import MAX_TOPN
-from aotpack.ir.kernel import CONV_EPILOGUES, WinogradConvKernel
+from aotpack.ir.template_kernels import WinogradConvKernel
+from aotpack.ir.epilogues import CONV_EPILOGUES
 from aotpack.codegen.render import render
 
 
