@@ -215,7 +215,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         ep = export_model(model_file, settings.debug_dir)
     with progress.phase("lower", "lowering and fusing"):
         try:
-            graph = lower(ep, backend.dtypes)
+            graph = lower(ep, backend.dtypes, backend)
         except AotpackError as exc:
             raise AotpackError(f"{model_file.path}: {exc}") from None
     choice_steps = sum(1 for step in walk_steps(graph.steps) if isinstance(step, gemm.GemmStep))
@@ -236,17 +236,18 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                 sets, folders, toolchain, store, settings,
                 on_done=lambda done, total: progress.count(done, total, "candidates compiled"))
         with progress.phase("autotune", "autotuning on the real inputs (PGO)"), \
-                autotune.extern_threads(settings.device_limit):
+                autotune.extern_threads(backend, settings.device_limit):
             captured = {} if settings.debug_dir else None
             gemm_root = settings.cache_dir / backend.name / "gemm"
             versions = gemm_cache.kernel_versions(sets, toolchain.fingerprint())
-            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, settings.device_limit, versions)
+            device_key = backend.device().tuning_key(settings.device_limit)  # inside extern_threads: its count
+            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, device_key, versions)
             recorded.update(replayed or {})
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
                 on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured,
                 recorded=recorded)
-            gemm_cache.write_all(gemm_root, graph, choices, settings.device_limit, versions)
+            gemm_cache.write_all(gemm_root, graph, choices, device_key, versions)
         gemm_entries = gemm.manifest_entries(graph, choices)
         graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
         used = {k.kernel_id for k in graph.kernels}

@@ -41,7 +41,7 @@ ENV_TINY_KERNEL_US = "AOTPACK_TINY_KERNEL_US"
 #: default (``candidates.shortlist``). MobileNetV3-Small, --topn 3, 2 threads: 16 of its 57
 #: kernels were under it (squeeze-excite 1x1 convolutions and means), and had run 0-0.74 us
 #: faster with their best candidate than with their default, 1.9 us of a 3.4 ms model; with the
-#: 15 epilogue kernels of the ATen / oneDNN alternatives of those convolutions, 62 of 356 compiles.
+#: 15 epilogue kernels of the extern-library alternatives of those convolutions, 62 of 356 compiles.
 #: With the cost model's cache tier (``cost_model.CACHE_RESIDENT_BYTES``): 25 of its 58.
 DEFAULT_TINY_KERNEL_US = 10.0
 ENV_FAR_BEHIND_FACTOR = "AOTPACK_FAR_BEHIND_FACTOR"
@@ -74,27 +74,24 @@ def parse_topn(raw: str | int, source: str = ENV_TOPN) -> int:
     return value
 
 
-def available_cores() -> int:
-    """Cores this process may use: the affinity mask bounded by the cgroup CPU quota."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
+def available_cores(backend: str = DEFAULT_BACKEND) -> int:
+    """Compute units this process may use on ``backend``'s device (``Device.compute_units``:
+    on the CPU, the affinity mask bounded by the cgroup CPU quota)."""
+    from aotpack import backends
+
+    return backends.get(backend).device().compute_units()
 
 
-def parse_device_limit(raw: str | int | None, source: str = ENV_DEVICE_LIMIT) -> int:
-    """Cores the kernels may use (block_dim upper bound); ``None``/empty = all available.
+def parse_device_limit(raw: str | int | None, source: str = ENV_DEVICE_LIMIT, backend: str = DEFAULT_BACKEND) -> int:
+    """Compute units the kernels may use (block_dim upper bound), at most what ``backend``'s
+    device has (``available_cores``); ``None``/empty = all available.
 
     Read once in the parent process and shipped to compile workers.
 
     Raises:
         AotpackError: for a non-integer or a value < 1.
     """
-    cores = available_cores()
+    cores = available_cores(backend)
     if raw is None or str(raw).strip() == "":
         return cores
     try:
@@ -182,9 +179,11 @@ class Settings:
         env = os.environ
         topn = overrides.get("topn")
         topn = parse_topn(topn, "--topn") if topn is not None else parse_topn(env.get(ENV_TOPN, "1"))
+        backend = check_backend(overrides.get("backend") or env.get(ENV_BACKEND, DEFAULT_BACKEND))
         limit = overrides.get("device_limit")
-        limit = (parse_device_limit(limit, "--device-limit") if limit is not None
-                 else parse_device_limit(env.get(ENV_DEVICE_LIMIT)))
+        limit = (parse_device_limit(limit, "--device-limit", backend) if limit is not None
+                 else parse_device_limit(env.get(ENV_DEVICE_LIMIT), backend=backend))
+        # compiles run on the host, whose cores the default backend's device counts
         threads_raw = env.get(ENV_COMPILE_THREADS, str(available_cores()))
         try:
             threads = max(1, int(threads_raw))
@@ -198,7 +197,7 @@ class Settings:
                         retune=bool(overrides.get("retune")) or env.get(ENV_RETUNE) == "1",
                         tuning_from=Path(overrides["tuning_from"]) if overrides.get("tuning_from") else None,
                         require_coverage=bool(overrides.get("require_coverage")),
-                        backend=check_backend(overrides.get("backend") or env.get(ENV_BACKEND, DEFAULT_BACKEND)),
+                        backend=backend,
                         cost_model=bool(overrides.get("cost_model")) or env.get(ENV_COSTMODEL) == "1",
                         cost_model_ratio=_number_setting(
                             overrides.get("cost_model_ratio"), "--cost-model-ratio", env, ENV_COSTMODEL_RATIO,

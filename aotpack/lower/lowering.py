@@ -22,6 +22,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from aotpack.lower import (attention_lowering, bmm_lowering, constant_folding, extern, gemm_lowering, gemm_match, ops,
                            pooling, views)
+from aotpack import backends
 from aotpack.errors import AotpackError
 from aotpack.ir.graph import (
     Buffer, CondStep, CopyBack, ExternArg, ExternCall, Graph, Index, KernelCall, Lazy, Pointwise,
@@ -37,10 +38,6 @@ log = logging.getLogger("aotpack")
 
 #: A lazy chain longer than this gets a buffer, to bound kernel size and compile time.
 MAX_FUSED_OPS = 48
-#: Element-ops (elements x ops x extra users) a fan-out may recompute instead of getting
-#: a buffer: ~0.7 us at 8 float lanes a cycle and 3 GHz (an estimate), less than the
-#: ~2.2 us the runtime spends on its smallest kernel (Model::run of x + 1 on 4x4, measured).
-RECOMPUTE_BUDGET = 16384
 #: Inner loops shorter than this vectorise poorly: try merging outer dimensions in.
 NARROW_INNER = 64
 
@@ -52,9 +49,10 @@ def _meta(node) -> Any:
 class Lowerer:
     """Walks the FX graph once, in order, building steps and kernels."""
 
-    def __init__(self, ep: ExportedProgram, dtypes: frozenset):
+    def __init__(self, ep: ExportedProgram, dtypes: frozenset, backend):
         self.ep = ep
         self.dtypes = dtypes
+        self.backend = backend  # its GEMM implementations and fusion budget
         self.env: dict[Any, Any] = {}
         self.steps: list = []
         self.kernels: list[FusedKernel] = []
@@ -384,7 +382,7 @@ class Lowerer:
             fanout = 1  # split into head and tail: each element is still computed once
         # recomputing a few ops on a small tensor in each user is cheaper than a kernel
         # launch of its own plus a round trip through memory
-        cheap = not value.expensive and value.numel * value.op_count * (fanout - 1) <= RECOMPUTE_BUDGET
+        cheap = not value.expensive and value.numel * value.op_count * (fanout - 1) <= self.backend.recompute_budget
         costly = (value.op_count >= 2 or value.expensive) and not cheap
         if value.op_count > MAX_FUSED_OPS:
             self.realize(value)
@@ -971,14 +969,15 @@ def _choose_domain(value, outer: tuple, inner: int, exprs: list, access, depth: 
     return tuple(outer), inner, exprs, access
 
 
-def lower(ep: ExportedProgram, dtypes: frozenset) -> Graph:
+def lower(ep: ExportedProgram, dtypes: frozenset, backend=None) -> Graph:
     """Lower ``ep`` (static shapes, decomposed) into an ``ir.Graph``.
 
     ``dtypes`` are the dtypes the backend's kernels compute in: ops on other dtypes
-    run as extern calls.
+    run as extern calls. ``backend``: the ``Backend`` whose GEMM implementations and
+    fusion budget apply (default: the default backend).
 
     Raises:
         AotpackError: for constructs aotpack cannot run (control flow, non-tensor
             outputs, data-dependent shapes), naming the node.
     """
-    return Lowerer(ep, frozenset(dtypes)).run()
+    return Lowerer(ep, frozenset(dtypes), backend or backends.get(backends.DEFAULT)).run()
