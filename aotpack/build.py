@@ -99,7 +99,7 @@ def _kernel_files(compiled: dict, choices: dict, shipped: dict) -> dict[str, byt
 
 def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> None:
     """Run the finished archive in-process (aotpack.load) on the example inputs and compare
-    with eager: the build's last word is about model.so, not only the Python-mode run.
+    with eager: the build's last word is about the model library, not only the Python-mode run.
 
     Raises:
         AotpackError: the native outputs differ from eager (an aotpack bug).
@@ -257,7 +257,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
                 "device_limit": settings.device_limit}
         source = codegen.generate(graph, backend, sets, choices, meta)
-        # model.so compiles beside the eager check, unless compiles run one at a time
+        # the model library compiles beside the eager check, unless compiles run one at a time
         # (AOTPACK_COMPILE_THREADS=1)
         with progress.phase("compile_model_so", f"compiling {layout.MODEL_LIBRARY_PATH}"), \
                 tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work, \

@@ -261,7 +261,7 @@ def validate(doc: dict) -> dict:
     if "aotpack_version" in doc:
         _str(doc, "aotpack_version", "")
     _str(doc, "torch_version", "")
-    backend = _str(doc, "backend", "")
+    _str(doc, "backend", "")
     # the runtime runs one backend's archives and checks its target keys on every manifest
     backends.get(RUNTIME_BACKEND).check_target(doc, FIELDS)
     if "device_limit" in doc:

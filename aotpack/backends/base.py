@@ -191,6 +191,8 @@ class Backend(ABC):
     #: cache file names: ``kernel<binary_suffix>``, ``model<source_suffix>``).
     binary_suffix: str
     source_suffix: str
+    #: What the verify line says ``check_binary`` proved of every binary.
+    binary_check_phrase: str
     #: Element-ops (elements x ops x extra users) a fan-out may recompute instead of getting
     #: a buffer (lowering's fusion budget).
     recompute_budget: int

@@ -55,6 +55,7 @@ class CpuBackend(Backend):
     model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
     binary_suffix = binaries.BINARY_SUFFIX
     source_suffix = binaries.SOURCE_SUFFIX
+    binary_check_phrase = "every .so passes the ELF check"
     #: ~0.7 us of recomputation at 8 float lanes a cycle and 3 GHz (an estimate), less than the
     #: ~2.2 us the runtime spends on its smallest kernel (Model::run of x + 1 on 4x4, measured).
     recompute_budget = 16384
