@@ -99,7 +99,7 @@ def _kernel_files(compiled: dict, choices: dict, shipped: dict) -> dict[str, byt
 
 def _native_check(archive: Path, model_file, reference: list[torch.Tensor]) -> None:
     """Run the finished archive in-process (aotpack.load) on the example inputs and compare
-    with eager: the build's last word is about model.so, not only the Python-mode run.
+    with eager: the build's last word is about the model library, not only the Python-mode run.
 
     Raises:
         AotpackError: the native outputs differ from eager (an aotpack bug).
@@ -236,17 +236,18 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                 sets, folders, toolchain, store, settings,
                 on_done=lambda done, total: progress.count(done, total, "candidates compiled"))
         with progress.phase("autotune", "autotuning on the real inputs (PGO)"), \
-                autotune.extern_threads(settings.device_limit):
+                autotune.extern_threads(backend, settings.device_limit):
             captured = {} if settings.debug_dir else None
             gemm_root = settings.cache_dir / backend.name / "gemm"
             versions = gemm_cache.kernel_versions(sets, toolchain.fingerprint())
-            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, settings.device_limit, versions)
+            device_key = backend.device().tuning_key(settings.device_limit)  # inside extern_threads: its count
+            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, device_key, versions)
             recorded.update(replayed or {})
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
                 on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured,
                 recorded=recorded)
-            gemm_cache.write_all(gemm_root, graph, choices, settings.device_limit, versions)
+            gemm_cache.write_all(gemm_root, graph, choices, device_key, versions)
         gemm_entries = gemm.manifest_entries(graph, choices)
         graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
         used = {k.kernel_id for k in graph.kernels}
@@ -256,7 +257,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         meta = {"name": name, "version": version, "aotpack_version": aotpack.__version__,
                 "device_limit": settings.device_limit}
         source = codegen.generate(graph, backend, sets, choices, meta)
-        # model.so compiles beside the eager check, unless compiles run one at a time
+        # the model library compiles beside the eager check, unless compiles run one at a time
         # (AOTPACK_COMPILE_THREADS=1)
         with progress.phase("compile_model_so", f"compiling {layout.MODEL_LIBRARY_PATH}"), \
                 tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("model")) as work, \

@@ -5,7 +5,6 @@ the registry, ``aotpack.env``; docs/env_vars.md is generated from it.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ log = logging.getLogger("aotpack")
 #: default (``candidates.shortlist``). MobileNetV3-Small, --topn 3, 2 threads: 16 of its 57
 #: kernels were under it (squeeze-excite 1x1 convolutions and means), and had run 0-0.74 us
 #: faster with their best candidate than with their default, 1.9 us of a 3.4 ms model; with the
-#: 15 epilogue kernels of the ATen / oneDNN alternatives of those convolutions, 62 of 356 compiles.
+#: 15 epilogue kernels of the extern-library alternatives of those convolutions, 62 of 356 compiles.
 #: With the cost model's cache tier (``cost_model.CACHE_RESIDENT_BYTES``): 25 of its 58.
 DEFAULT_TINY_KERNEL_US = env.TINY_KERNEL_US.default
 #: A candidate estimated this many times its kernel's best is not compiled, where the backend's
@@ -34,27 +33,25 @@ DEFAULT_FAR_BEHIND_FACTOR = env.FAR_BEHIND_FACTOR.default
 DEFAULT_COSTMODEL_RATIO = env.COSTMODEL_RATIO.default
 
 
-def available_cores() -> int:
-    """Cores this process may use: the affinity mask bounded by the cgroup CPU quota."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
+def available_cores(backend: str = DEFAULT_BACKEND) -> int:
+    """Compute units this process may use on ``backend``'s device (``Device.compute_units``:
+    on the CPU, the affinity mask bounded by the cgroup CPU quota)."""
+    from aotpack import backends
+
+    return backends.get(backend).device().compute_units()
 
 
-def parse_device_limit(raw: str | int | None, source: str = env.DEVICE_LIMIT.name) -> int:
-    """Cores the kernels may use (block_dim upper bound); ``None``/empty = all available.
+def parse_device_limit(raw: str | int | None, source: str = env.DEVICE_LIMIT.name,
+                       backend: str = DEFAULT_BACKEND) -> int:
+    """Compute units the kernels may use (block_dim upper bound), at most what ``backend``'s
+    device has (``available_cores``); ``None``/empty = all available.
 
     Read once in the parent process and shipped to compile workers.
 
     Raises:
         AotpackError: for a non-integer or a value < 1.
     """
-    cores = available_cores()
+    cores = available_cores(backend)
     if raw is None or str(raw).strip() == "":
         return cores
     try:
@@ -128,9 +125,11 @@ class Settings:
         """
         topn = overrides.get("topn")
         topn = parse_topn(topn, "--topn") if topn is not None else env.get(env.TOPN)
+        backend = check_backend(overrides.get("backend") or env.get(env.BACKEND))
         limit = overrides.get("device_limit")
-        limit = (parse_device_limit(limit, "--device-limit") if limit is not None
-                 else parse_device_limit(env.raw(env.DEVICE_LIMIT)))
+        limit = (parse_device_limit(limit, "--device-limit", backend) if limit is not None
+                 else parse_device_limit(env.raw(env.DEVICE_LIMIT), backend=backend))
+        # compiles run on the host, whose cores the default backend's device counts
         threads = env.get(env.COMPILE_THREADS) or available_cores()
         cache = overrides.get("cache_dir") or env.get(env.CACHE_DIR) or default_cache_dir()
         debug = overrides.get("debug_dir") or env_debug_dir()
@@ -140,7 +139,7 @@ class Settings:
                         retune=bool(overrides.get("retune")) or env.get(env.RETUNE),
                         tuning_from=Path(overrides["tuning_from"]) if overrides.get("tuning_from") else None,
                         require_coverage=bool(overrides.get("require_coverage")),
-                        backend=check_backend(overrides.get("backend") or env.get(env.BACKEND)),
+                        backend=backend,
                         cost_model=bool(overrides.get("cost_model")) or env.get(env.COSTMODEL),
                         cost_model_ratio=_number_setting(
                             overrides.get("cost_model_ratio"), "--cost-model-ratio", env.COSTMODEL_RATIO),

@@ -1,5 +1,5 @@
 """The manifest schema, checked exactly as the native runtime does (native/src/manifest.cpp,
-compat.cpp's structural checks). docs/archive.md, "Reading rules", is the shared spec.
+native/src/compat.cpp's structural checks). docs/archive.md, "Reading rules", is the shared spec.
 
 Every error is an ``AotpackError`` whose text matches the runtime's
 (``manifest.json: inputs[0].dtype: ...``).
@@ -10,6 +10,7 @@ import json
 import re
 
 from aotpack.archive import layout
+from aotpack import backends
 from aotpack.backends import DEFAULT as RUNTIME_BACKEND  # the native runtime runs this backend
 from aotpack.errors import AotpackError
 
@@ -123,6 +124,17 @@ def _strings(obj, key, where) -> list[str]:
         if not isinstance(v, str):
             _bad(f"{_join(where, key)}[{i}]", "expected a string")
     return items
+
+
+class _Fields:
+    """The field checks a backend's ``check_target`` uses (same messages as the rest)."""
+
+    obj = staticmethod(_obj)
+    str = staticmethod(_str)
+    strings = staticmethod(_strings)
+
+
+FIELDS = _Fields()
 
 
 def _dims(obj, key, where) -> list[int]:
@@ -249,11 +261,9 @@ def validate(doc: dict) -> dict:
     if "aotpack_version" in doc:
         _str(doc, "aotpack_version", "")
     _str(doc, "torch_version", "")
-    backend = _str(doc, "backend", "")
-    isa = _obj(doc, "target_isa", "")
-    if "march" in isa:
-        _str(isa, "march", "target_isa")
-    _strings(isa, "features", "target_isa")
+    _str(doc, "backend", "")
+    # the runtime runs one backend's archives and checks its target keys on every manifest
+    backends.get(RUNTIME_BACKEND).check_target(doc, FIELDS)
     if "device_limit" in doc:
         _int(doc, "device_limit", "")
     model = _obj(doc, "model", "")
@@ -286,7 +296,7 @@ def validate(doc: dict) -> dict:
 
 
 def check_structure(doc: dict) -> None:
-    """compat.cpp's structural checks and the mutated buffers' rules, on a ``validate``d
+    """native/src/compat.cpp's structural checks and the mutated buffers' rules, on a ``validate``d
     manifest whose limits were checked (the runtime's order; torch version and CPU features
     are the host's business, checked by the runtime only, between backend and abi_version).
 

@@ -3,9 +3,9 @@
 
 The archive is streamed once: the manifest entries come first and are checked (digest,
 optional Ed25519 signature, schema, limits) before any file is read; each file is hashed
-in fixed chunks and must match the manifest; shared objects and the weights are spooled to
-an anonymous temporary file (removed by the OS even if this process is killed) for the
-ELF and safetensors checks. Nothing here executes archive code.
+in fixed chunks and must match the manifest; the backend's binaries and the weights are
+spooled to an anonymous temporary file (removed by the OS even if this process is killed)
+for the backend's binary check and the safetensors checks. Nothing here executes archive code.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Callable
 
 import zstandard
 
-from aotpack import env
+from aotpack import backends, env
 from aotpack.archive import file_checks
 from aotpack.archive import layout
 from aotpack.archive import manifest_rules
@@ -324,18 +324,21 @@ def _stream(tar: tarfile.TarFile, member: tarfile.TarInfo, spool) -> str:
 
 
 def _content_checked(name: str, manifest: dict) -> bool:
-    """Whether rule 6 reads the file's contents: shared objects (and model.library,
-    whatever its name: it is dlopened) and safetensors files (weights, self-test)."""
-    return name.endswith((".so", ".safetensors")) or name == manifest["model"]["library"]
+    """Whether rule 6 reads the file's contents: the backend's binaries (and model.library,
+    whatever its name: it is loaded) and safetensors files (weights, self-test)."""
+    suffix = backends.get(manifest["backend"]).binary_suffix
+    return name.endswith((suffix, ".safetensors")) or name == manifest["model"]["library"]
 
 
 def _check_contents(manifest: dict, spools: dict) -> None:
     """Rule 6 in the runtime's order (native/src/extract.cpp check_file_contents, then
-    model.cpp make_constants): ELF checks, safetensors files, the constants."""
+    native/src/model.cpp make_constants): the manifest backend's binary checks, safetensors
+    files, the constants."""
     library = manifest["model"]["library"]
+    backend = backends.get(manifest["backend"])
     for name in sorted(spools):
-        if name.endswith(".so") or name == library:
-            file_checks.check_elf(spools[name], name)
+        if name.endswith(backend.binary_suffix) or name == library:
+            backend.check_binary(spools[name], name)
     views = {name: file_checks.read_safetensors(spools[name], name)
              for name in sorted(spools) if name.endswith(".safetensors")}
     if manifest["constants"]:

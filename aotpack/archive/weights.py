@@ -4,7 +4,7 @@ names it has.
 A tied weight (T5's shared embedding, GPT-2's lm-head) is one storage under several
 parameter names; ``torch.export`` lifts each name, and a constant's contents can also
 simply repeat another's (two LayerNorms' all-ones weights, equal scalars). The plan
-stores each distinct tensor once, under the first name model.so reads it by, and maps
+stores each distinct tensor once, under the first name the model library reads it by, and maps
 every other name to that stored name in the manifest's ``weight_aliases``
 (docs/archive.md). Two constants share bytes when
 
@@ -32,7 +32,7 @@ from aotpack.archive import layout
 class WeightPlan:
     """Stored tensors and the aliases that point at them.
 
-    ``tensors``: stored name -> contiguous tensor, in model.so's constant order.
+    ``tensors``: stored name -> contiguous tensor, in the model library's constant order.
     ``aliases``: name -> stored name (a key of ``tensors``); never chained.
     """
 

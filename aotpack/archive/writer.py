@@ -1,4 +1,4 @@
-"""Stage: bundle the winners, model.so, weights and manifest into a ``.aotpack``.
+"""Stage: bundle the winners, the model library, weights and manifest into a ``.aotpack``.
 
 Format: docs/archive.md (format_version and paths in ``aotpack.archive.layout``) — a zstd-compressed tar: manifest.json,
 manifest.sha256, the optional manifest.sig, then the files sorted; fixed owners, modes,
@@ -21,7 +21,7 @@ from typing import Callable
 import zstandard
 
 from aotpack.errors import AotpackError
-from aotpack import env, leftovers
+from aotpack import backends, env, leftovers
 from aotpack.archive import layout, reader, signing
 
 #: zstd level of code, sources and the manifest: small and very compressible. Not 19: on
@@ -37,11 +37,11 @@ def _mtime() -> int:
     return env.get(env.SOURCE_DATE_EPOCH)
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def _add(tar: tarfile.TarFile, name: str, data: bytes, binary_suffix: str) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mtime = _mtime()
-    info.mode = 0o755 if name.endswith(".so") else 0o644
+    info.mode = 0o755 if name.endswith(binary_suffix) else 0o644
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     tar.addfile(info, io.BytesIO(data))
@@ -84,8 +84,8 @@ def manifest(name: str, version: str, backend, target: dict, settings, graph, ou
              kernels: list[dict], weight_aliases: dict[str, str] | None = None) -> dict:
     """Every manifest key but ``files`` (``write_archive`` adds the file table).
 
-    Format: docs/archive.md. ``target`` is the backend's target description (for the CPU,
-    the resolved target ISA and the features the runtime checks at load).
+    Format: docs/archive.md. ``target`` is the backend's target description
+    (``Backend.target``), recorded under the keys ``Backend.manifest_target`` names.
     ``weight_aliases``: constant name -> the name its bytes are stored under in the
     weights file (``aotpack.archive.weights.WeightPlan.aliases``).
     """
@@ -96,7 +96,7 @@ def manifest(name: str, version: str, backend, target: dict, settings, graph, ou
     return {
         "format_version": layout.FORMAT_VERSION, "name": name, "version": version,
         "aotpack_version": aotpack.__version__, "torch_version": torch.__version__.split("+")[0],
-        "backend": backend.name, "target_isa": target, "device_limit": settings.device_limit,
+        "backend": backend.name, **backend.manifest_target(target), "device_limit": settings.device_limit,
         "model": {"library": layout.MODEL_LIBRARY_PATH, "source": layout.MODEL_SOURCE_PATH,
                   "abi_version": backend.model_abi_version},
         "constants": _signature(graph.constants, [b.name for b in graph.constants]),
@@ -132,10 +132,11 @@ def pack(manifest_text: bytes, files: dict[str, bytes], signature: bytes | None 
     """
     raw = io.BytesIO()
     starts = []  # (tar offset where an entry's header starts, its zstd level)
+    binary_suffix = backends.get(json.loads(manifest_text)["backend"]).binary_suffix  # executable entries
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         def add(path: str, data: bytes) -> None:
             starts.append((tar.offset, entry_level(path)))
-            _add(tar, path, data)
+            _add(tar, path, data, binary_suffix)
         add(layout.MANIFEST_PATH, manifest_text)
         add(layout.MANIFEST_DIGEST_PATH, manifest_digest(manifest_text))
         if signature is not None:

@@ -11,16 +11,29 @@ folder ``aotpack/backends/<name>/`` behind ``Backend``:
 * ``load_wrapper`` – a launcher for PGO in the build process (launch, synchronize);
 * ``generate_model`` / ``compile_model`` – the CppWrapper: host code with the winners
   baked in;
-* ``target`` – the target description recorded in the manifest.
+* ``target`` – the target description recorded in the manifest, ``check_target`` its
+  schema when an archive is read;
+* ``device`` – the ``Device``: compute units, tuning buffers, synchronize, the noise
+  probes that timing reads, the key of device state that changes timings;
+* ``gemm_variants`` – the implementations offered for a matched linear or convolution;
+* ``recompute_budget`` – how much work lowering may recompute instead of buffering;
+* ``binary_suffix`` / ``source_suffix`` / ``check_binary`` – its binaries' file names and
+  their content check before loading.
 
 A backend is registered by name in ``aotpack.backends`` (``--backend NAME``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 
 def kernel_key(tiling_repr: str, workspace: int, block_dim: int) -> str:
@@ -59,6 +72,64 @@ class Limits:
 
     device_limit: int
     vector_bytes: int = 32
+
+
+class WallClockProbe:
+    """Run-queue wait estimated as wall time minus this thread's CPU time (ns, monotonic):
+    sees the launching thread preempted, not a late worker. Any device's fallback."""
+
+    def open(self) -> None:
+        """Nothing to open."""
+
+    def read(self) -> int:
+        """Wait so far (ns)."""
+        return time.perf_counter_ns() - time.thread_time_ns()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class Device:
+    """The compute device a backend builds for and tunes on.
+
+    Defaults describe a device without noise probes whose launches are synchronous; a
+    backend overrides what its device has (``compute_units`` always).
+    """
+
+    def compute_units(self) -> int:
+        """Compute units this process may use (>= 1): the ``device_limit`` default and bound."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def extern_parallelism(self, units: int) -> Iterator[None]:
+        """Inside the block, extern (ATen) calls use at most ``units`` compute units, as the
+        backend's kernels do; restored after, also on an error. Default: nothing to set."""
+        yield
+
+    def empty(self, shape: tuple, strides: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor of ``shape``/``strides`` (elements) and ``dtype`` where the
+        device's kernels read and write during tuning."""
+        return torch.empty_strided(shape, strides, dtype=dtype)
+
+    def synchronize(self) -> None:
+        """Wait until every launched extern call finished (a no-op where they are synchronous)."""
+
+    def run_delay_probe(self):
+        """A run-queue wait source (``open``/``read`` ns/``close``) for ``tune.timing``."""
+        return WallClockProbe()
+
+    def steal_ticks(self) -> int:
+        """Clock ticks a hypervisor has stolen from this machine so far (0: not known)."""
+        return 0
+
+    def clock_ticks_per_s(self) -> int:
+        """Ticks per second of ``steal_ticks``."""
+        return 100
+
+    def tuning_key(self, device_limit: int) -> tuple:
+        """Strings naming the device state a recorded implementation timing depends on
+        (cached GEMM-step winners are keyed on them)."""
+        return (str(device_limit),)
 
 
 class Toolchain(ABC):
@@ -115,6 +186,54 @@ class Backend(ABC):
     dtypes: frozenset
     #: version of the generated host library's ABI (recorded in the manifest).
     model_abi_version: int
+
+    #: File suffixes of the backend's compiled binaries and of their sources (archive and
+    #: cache file names: ``kernel<binary_suffix>``, ``model<source_suffix>``).
+    binary_suffix: str
+    source_suffix: str
+    #: What the verify line says ``check_binary`` proved of every binary.
+    binary_check_phrase: str
+    #: Element-ops (elements x ops x extra users) a fan-out may recompute instead of getting
+    #: a buffer (lowering's fusion budget).
+    recompute_budget: int
+
+    @abstractmethod
+    def device(self) -> Device:
+        """The device kernels run on (one per backend object)."""
+
+    @abstractmethod
+    def check_binary(self, handle, label: str) -> None:
+        """Check the binary in the open file ``handle`` (seekable, read from the start)
+        before it may be loaded, with bounded reads; nothing in it is executed.
+
+        Raises:
+            AotpackError: naming ``label``, on a malformed binary or one for another machine.
+        """
+
+    @abstractmethod
+    def manifest_target(self, target: dict) -> dict:
+        """The manifest keys that record ``target`` (``target(settings)``), merged into the
+        manifest's top level."""
+
+    def describe_target(self, doc: dict) -> str:
+        """One phrase naming the target the manifest ``doc`` records (``aotpack inspect``)."""
+        return "target " + json.dumps(doc.get("target", {}), sort_keys=True)
+
+    @abstractmethod
+    def check_target(self, doc: dict, fields) -> None:
+        """Check the target keys of the manifest ``doc`` as the runtime does, with the
+        manifest reader's field checks ``fields`` (``obj``, ``str``, ``strings``: each takes
+        ``(container, key, where)``, returns the value, raises ``AotpackError``)."""
+
+    def gemm_variants(self, lw, match, operands) -> list | None:
+        """The implementations (``gemm.GemmVariant``, in timing order) offered for a matched
+        linear or convolution, or None to lower it as its ATen call alone (the default).
+
+        ``lw``: the ``Lowerer``; ``match``: the ``gemm_match.GemmMatch``; ``operands``: the
+        ``gemm_lowering.GemmOperands`` (views of x, weight, bias, residual, the outputs and
+        the ATen variant's steps).
+        """
+        return None
 
     def limits(self, settings) -> Limits:
         """Resources from the build settings (``Settings.device_limit``)."""

@@ -32,7 +32,7 @@ def template_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def include_dir() -> Path:
-    """Folder holding ``model_abi.h`` (passed as ``-I`` when compiling model.cpp)."""
+    """Folder holding ``model_abi.h`` (passed as ``-I`` when compiling the model source)."""
     return _first_existing(_PACKAGE / "include", _CHECKOUT / "native" / "include" / "aotpack")
 
 

@@ -1,7 +1,7 @@
 """Stage: CppWrapper codegen after autotuning (``generate``).
 
 Each distinct kernel's winner is fixed by now; the backend renders the host source
-(``model.cpp`` on the CPU) with every winner's ``lib_kernel`` and ``kernel_key`` baked in.
+(the backend's ``generate_model``) with every winner's ``lib_kernel`` and ``kernel_key`` baked in.
 """
 from __future__ import annotations
 

@@ -149,6 +149,16 @@ def _run(args) -> int:
     return 0
 
 
+def _target(manifest: dict) -> str:
+    """The manifest's backend's phrase for its target (``target ?`` for a backend not here)."""
+    from aotpack import backends
+
+    try:
+        return backends.get(manifest["backend"]).describe_target(manifest)
+    except (AotpackError, KeyError, AttributeError):
+        return "target ?"
+
+
 def _print_ir(archive: Path) -> int:
     from aotpack.archive import layout
     from aotpack.archive.writer import read_members
@@ -182,7 +192,7 @@ def _inspect(args) -> int:
         return 1 if problems else 0
     print(f"{manifest['name']} {manifest['version']}  (format {manifest['format_version']}, "
           f"backend {manifest['backend']}, torch {manifest['torch_version']}, "
-          f"target ISA {manifest['target_isa'].get('march', '?')}, device limit {manifest.get('device_limit', '?')})")
+          f"{_target(manifest)}, device limit {manifest.get('device_limit', '?')})")
     for kind in ("inputs", "outputs"):
         for t in manifest[kind]:
             print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{t['shape']}")

@@ -2,13 +2,13 @@
 
 Compared, from the manifests and the archives' contents:
 
-- metadata: name, version, torch/aotpack versions, backend, target ISA, device limit;
+- metadata: name, version, torch/aotpack versions, backend, target, device limit;
 - signature: inputs and outputs (name, dtype, shape, strides);
 - kernels: added / removed (by name), and for kernels in both the winner's
   ``kernel_key``, ``tiling_repr``, ``block_dim`` and ``workspace``;
 - weights: tensors added / removed / changed, by a sha256 of each tensor's dtype, shape
   and bytes in ``weights/weights.safetensors``;
-- files: entries added / removed / changed by the manifest's sha256 (model.so, kernels).
+- files: entries added / removed / changed by the manifest's sha256 (the model library, kernels).
 
 Also reported, but not making the archives "different" (they are measurements, not
 content): the best autotune time of each common kernel and the size of the archives and

@@ -6,6 +6,7 @@ two front ends of the same runtime read alike.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aotpack import backends
 from aotpack.errors import AotpackError
 from aotpack.runtime.loader import Model, Signature, load, read_npy
 
@@ -120,11 +122,12 @@ def run(archive: str | Path, inputs: list[str | Path], output: str | Path | None
     """
     if bench_runs < 0:
         raise AotpackError(f"--bench must be >= 0, got {bench_runs}")
-    if device_limit:
-        torch.set_num_threads(device_limit)  # ATen's extern calls honour the limit too
+    # the extern calls honour the limit too (the runtime runs the default backend's archives)
+    limited = (backends.get(backends.DEFAULT).device().extern_parallelism(device_limit) if device_limit
+               else contextlib.nullcontext())
     start = time.perf_counter()
-    with load(archive, device_limit or None, trusted_keys=trusted_keys,
-              require_signature=require_signature) as model:
+    with limited, load(archive, device_limit or None, trusted_keys=trusted_keys,
+                       require_signature=require_signature) as model:
         load_ms = (time.perf_counter() - start) * 1e3
         lines = [signature_line(model.signature)] if verbose else []
         tensors = read_inputs(model, inputs)

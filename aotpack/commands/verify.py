@@ -3,13 +3,13 @@
 Each check prints one line:
 
 1. files: the reading rules of docs/archive.md (``aotpack.archive.reader``): manifest digest,
-   every entry's size and sha256, safe entries, ELF headers of every .so, the weights
+   every entry's size and sha256, safe entries, the backend's check of every binary, the weights
    against the manifest's constants, all without executing archive code;
 2. signature: checked against the trusted keys (``--trusted-key``/AOTPACK_TRUSTED_KEYS)
    when any are given, and then required; ``--require-signature``
    (AOTPACK_REQUIRE_SIGNATURE=1) fails without keys;
 3. only with ``--run`` (this executes the archive's code): the native runtime loads it as
-   a deployment would (torch version, CPU features, model.so and every kernel), runs the
+   a deployment would (torch version, target features, the model library and every kernel), runs the
    inputs stored by ``build --selftest`` and compares its outputs with the stored eager
    outputs (``aotpack.runtime.parity`` tolerances); an archive without a self-test fails ``--run``
    (there is nothing to compare), and is only noted without it.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from aotpack import backends
 from aotpack.archive import reader
 from aotpack.archive import signing
 from aotpack.errors import AotpackError
@@ -71,7 +72,7 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
     report = reader.check(archive, trusted_keys=keys, keep=wanted.__contains__)
     manifest = report.manifest
     lines = [f"files: {report.files} entries match their sha256, the manifest its digest, "
-             f"every .so passes the ELF check"]
+             f"{backends.get(manifest['backend']).binary_check_phrase}"]
     if keys:  # reader.check verified it; this names the key, as aotpack-run -v does
         path, fingerprint = signing.verify_bytes(report.manifest_text, report.signature, keys)
         lines.append(f"signature: valid, key {path} (sha256 {fingerprint})")

@@ -1,20 +1,14 @@
 """Lower one ``gemm_match.GemmMatch`` into a ``gemm.GemmStep`` with its variants.
 
 The ATen variant is the match lowered as aotpack always did (the ATen call, then the
-epilogue realised by a fused kernel); the others reuse its buffers: ``mkl`` writes the
-ATen call's result buffer and runs the same epilogue kernel, ``onednn`` writes the
-epilogue's output buffer directly (post-ops). So every variant writes the same output
-buffer and later steps never know which one ran.
-
-A convolution offers the ATen variant only when none of aotpack's own kernels (direct,
-depthwise, Winograd) applies. ATen runs the same oneDNN convolution as the ``onednn``
-variant, without the fused post-ops or the packed weight, and then its own epilogue
-kernel: on ResNet-18 (21 convolutions) and MobileNetV3-Small (54) it never won, and its
-epilogue kernels were 32 of MobileNetV3-Small's kernel compiles and wrappers (Zen 3).
+epilogue realised by a fused kernel); the backend chooses which variants a match gets
+(``Backend.gemm_variants``: extern library calls, aotpack's template kernels built here),
+each writing the same output buffer, so later steps never know which one ran.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -23,22 +17,41 @@ from aotpack.ir.graph import Buffer, ExternArg, ExternCall, KernelCall, contiguo
 from aotpack.ir.template_kernels import ConvKernel, DepthwiseConvKernel, GemmKernel, WinogradConvKernel
 from aotpack.ir.epilogues import CONV_EPILOGUES, DEPTHWISE_EPILOGUES, GEMM_EPILOGUES
 
-mkldnn = torch.ops.mkldnn
 
 
-def _whole(buf: Buffer) -> tuple:
+@dataclass(frozen=True)
+class GemmOperands:
+    """What a backend's ``gemm_variants`` builds a matched linear/convolution's variants from:
+    ``x`` (view parts ``(base, shape, strides, offset)``), ``weight`` (a constant ``Buffer``),
+    ``bias``/``other`` (view parts of the bias and the residual, or None), ``out`` (the
+    epilogue's output buffer, contiguous), ``gemm_out`` (the ATen call's result buffer) and
+    ``aten_steps`` (the ATen call, then its epilogue kernels: the ``aten`` variant's steps)."""
+
+    x: tuple
+    weight: Buffer
+    bias: tuple | None
+    other: tuple | None
+    out: Buffer
+    gemm_out: Buffer
+    aten_steps: list
+
+
+def whole(buf: Buffer) -> tuple:
+    """View parts ``(buf, shape, strides, 0)`` of all of ``buf``."""
     return buf, buf.shape, buf.strides, 0
 
 
-def _tensor(parts) -> ExternArg:
+def tensor_arg(parts) -> ExternArg:
+    """An extern call's tensor argument: the view ``parts``."""
     return ExternArg("tensor", parts)
 
 
-def _optional(parts) -> ExternArg:
+def optional_arg(parts) -> ExternArg:
+    """An extern call's optional tensor argument: the view ``parts``, or None."""
     return ExternArg("none", None) if parts is None else ExternArg("tensor", parts)
 
 
-def _rows_view(parts: tuple, leading: tuple) -> tuple | None:
+def rows_view(parts: tuple, leading: tuple) -> tuple | None:
     """The 2-D view ``parts`` (M x K) with its rows split as ``leading`` (prod = M)."""
     base, (m, k), (row_stride, col_stride), offset = parts
     if math.prod(leading) != m:
@@ -72,14 +85,11 @@ def lower(lw, m):
     out_parts = lw.strided(result)
     aten_steps, lw.steps = lw.steps, outer
     out, gemm_out = out_parts[0], lw.env[m.gemm]
-    fits = (out_parts == _whole(out) and out.strides == contiguous_strides(out.shape)
+    fits = (out_parts == whole(out) and out.strides == contiguous_strides(out.shape)
             and isinstance(gemm_out, Buffer) and aten_steps and isinstance(aten_steps[0], ExternCall)
             and aten_steps[0].outputs == [gemm_out])
-    variants = None
-    if fits and m.kind == "linear":
-        variants = _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps)
-    elif fits and m.kind == "conv2d":
-        variants = _conv_variants(lw, m, x, weight, bias, other, out, aten_steps)
+    variants = lw.backend.gemm_variants(lw, m, GemmOperands(x, weight, bias, other, out, gemm_out, aten_steps)) \
+        if fits else None
     if not variants:
         lw.steps.extend(aten_steps)
         return result
@@ -128,7 +138,7 @@ def _fold_batch_norm(lw, m, weight: Buffer, bias: tuple | None) -> tuple | None:
                        (dense * scale.view(-1, *[1] * (dense.dim() - 1))).float().contiguous())
     new_bias = _constant(lw, f"{norm}.folded_bias", folded_bias.float().contiguous())
     replaced = tuple(b for b in [weight, *stats, bias[0] if bias is not None else None] if b is not None)
-    return folded, _whole(new_bias), replaced
+    return folded, whole(new_bias), replaced
 
 
 def _lower_folded_conv(lw, m, x, weight: Buffer, bias: tuple):
@@ -139,7 +149,7 @@ def _lower_folded_conv(lw, m, x, weight: Buffer, bias: tuple):
     lw.counter += 1
     gemm_out = Buffer(f"buf{lw.counter}", tuple(val.shape), tuple(val.stride()), val.dtype, "extern")
     lw.steps.append(ExternCall(torch.ops.aten.convolution.default,
-                               [_tensor(x), _tensor(_whole(weight)), _tensor(bias),
+                               [tensor_arg(x), tensor_arg(whole(weight)), tensor_arg(bias),
                                 ExternArg("int_list", list(stride)), ExternArg("int_list", list(padding)),
                                 ExternArg("int_list", list(dilation)), ExternArg("bool", bool(transposed)),
                                 ExternArg("int_list", list(output_padding)), ExternArg("int", int(groups))],
@@ -149,43 +159,13 @@ def _lower_folded_conv(lw, m, x, weight: Buffer, bias: tuple):
     return lw.lower_nodes(list(m.nodes[m.nodes.index(m.batch_norm) + 1:]))
 
 
-def _packed(lw, weight: Buffer, op, extra: list) -> PackedWeight:
+def packed_weight(lw, weight: Buffer, op, extra: list) -> PackedWeight:
+    """A weight an extern library packs at load (``op(weight, *extra)``, an opaque tensor),
+    appended to ``lw.packed``."""
     buf = Buffer(f"packed{len(lw.packed)}_{weight.name}", weight.shape, weight.strides, weight.dtype, "packed")
-    packed = PackedWeight(buf, op, [_tensor(_whole(weight)), *extra])
+    packed = PackedWeight(buf, op, [tensor_arg(whole(weight)), *extra])
     lw.packed.append(packed)
     return packed
-
-
-def _linear_variants(lw, m, x, weight, bias, other, out, gemm_out, aten_steps) -> list | None:
-    rows = x[1][0]
-    x_nd = x if len(out.shape) == 2 else _rows_view(x, out.shape[:-1])
-    if x_nd is None or tuple(out.shape[:-1]) != tuple(x_nd[1][:-1]):
-        return None
-    variants = [GemmVariant("aten", aten_steps, [])]
-    template = _template_variant(lw, m, x, weight, bias, other, out)
-    if torch._C.has_mkl:
-        packed = _packed(lw, weight, torch.ops.mkl._mkl_reorder_linear_weight.default, [ExternArg("int", rows)])
-        call = ExternCall(torch.ops.mkl._mkl_linear.default,
-                          [_tensor(x), _tensor(_whole(packed.buffer)), _tensor(_whole(weight)), _optional(bias),
-                           ExternArg("int", rows)], [gemm_out])
-        variants.append(GemmVariant("mkl", [call, *aten_steps[1:]], [packed]))
-    if torch.backends.mkldnn.is_available():
-        variants.append(_onednn_linear(lw, m, rows, x_nd, weight, bias, other, out))
-    return variants + ([template] if template is not None else [])
-
-
-def _onednn_linear(lw, m, rows, x_nd, weight, bias, other, out) -> GemmVariant:
-    """oneDNN's linear on a weight it packs at load, bias and epilogue as post-ops."""
-    packed = _packed(lw, weight, mkldnn._reorder_linear_weight.default, [ExternArg("int", rows)])
-    w = _tensor(_whole(packed.buffer))
-    if other is not None:
-        call = ExternCall(mkldnn._linear_pointwise.binary,
-                          [_tensor(x_nd), _tensor(other), w, _optional(bias), ExternArg("string", "add")], [out])
-    else:
-        call = ExternCall(mkldnn._linear_pointwise.default,
-                          [_tensor(x_nd), w, _optional(bias), ExternArg("string", m.unary or "none"),
-                           ExternArg("int_list", []), _algorithm(m.unary)], [out])
-    return GemmVariant("onednn", [call], [packed])
 
 
 def _row_stride(parts: tuple) -> int | None:
@@ -222,7 +202,7 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def _template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+def template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     """aotpack's own GEMM (``kernel_ir.GemmKernel``, its tilings tuned like any kernel's),
     the epilogue in its register tile, on weight panels packed now; None when the
     operands' layouts do not fit it (strided columns, a computed bias)."""
@@ -253,39 +233,6 @@ def _template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     lw.kernels.append(kernel)
     return GemmVariant("template", [KernelCall(kernel)], [],
                        panels=((panels, weight, lw.weight_transform("gemm_panels")),))
-
-
-def _algorithm(unary: str | None) -> ExternArg:
-    """oneDNN's GELU flavour: ``none`` is the erf form (the one torch's gelu decomposes to)."""
-    return ExternArg("string", "none") if unary == "gelu" else ExternArg("none", None)
-
-
-def _conv_variants(lw, m, x, weight, bias, other, out, aten_steps) -> list | None:
-    stride, padding, dilation, _transposed, output_padding, groups = m.gemm.args[3:9]
-    if any(output_padding) or len(stride) != 2 or not torch.backends.mkldnn.is_available():
-        return None
-    ints = [ExternArg("int_list", list(padding)), ExternArg("int_list", list(stride)),
-            ExternArg("int_list", list(dilation)), ExternArg("int", int(groups))]
-    packed = _packed(lw, weight, mkldnn._reorder_convolution_weight.default,
-                     [*ints, ExternArg("int_list", list(x[1]))])
-    w = _tensor(_whole(packed.buffer))
-    if other is not None:
-        call = ExternCall(mkldnn._convolution_pointwise.binary,
-                          [_tensor(x), _tensor(other), w, _optional(bias), *ints, ExternArg("string", "add"),
-                           ExternArg("none", None), ExternArg("string", m.unary) if m.unary else ExternArg("none", None),
-                           ExternArg("int_list", []), ExternArg("none", None)], [out])
-    else:
-        call = ExternCall(mkldnn._convolution_pointwise.default,
-                          [_tensor(x), w, _optional(bias), *ints, ExternArg("string", m.unary or "none"),
-                           ExternArg("int_list", []), _algorithm(m.unary)], [out])
-    template = (_conv_template_variant(lw, m, x, weight, bias, other, out)
-                or _depthwise_variant(lw, m, x, weight, bias, other, out))
-    winograd = _winograd_variant(lw, m, x, weight, bias, other, out)
-    compiled = [v for v in (template, winograd) if v is not None]
-    onednn = GemmVariant("onednn", [call], [packed])
-    if compiled:  # ATen's convolution is oneDNN's without post-ops or a packed weight: it only loses
-        return [onednn, *compiled]
-    return [GemmVariant("aten", aten_steps, []), onednn]
 
 
 def _contiguous_from(parts: tuple) -> bool:
@@ -326,7 +273,7 @@ def _dense_conv_inputs(lw, x, weight: Buffer, bias, other, c_out: int) -> tuple:
     return tuple(inputs)
 
 
-def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+def conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     """aotpack's own convolution (``kernel_ir.ConvKernel``, tuned like any kernel) on
     weight panels packed now; None when it does not apply (``_dense_conv_applies``)."""
     if not _dense_conv_applies(m, x, bias, other, out):
@@ -344,7 +291,7 @@ def _conv_template_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | 
     return GemmVariant("template", [KernelCall(kernel)], [])
 
 
-def _depthwise_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+def depthwise_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     """aotpack's own depthwise conv (``kernel_ir.DepthwiseConvKernel``, its tilings tuned
     like any kernel's), bias and epilogue fused, reading ``x`` and the dense weight as they
     are; None unless the conv is depthwise (groups == C_in == C_out, one filter each) with
@@ -376,7 +323,7 @@ WINOGRAD_MIN_TILES = 32
 WINOGRAD_MIN_CHANNELS = 16
 
 
-def _winograd_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
+def winograd_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     """aotpack's F(2x2, 3x3) Winograd convolution (``kernel_ir.WinogradConvKernel``) on
     filters transformed now (an input of +-inf gives NaN in the outputs its tiles reach, where
     the direct convolution gives +-inf: see that class); None unless the direct template would

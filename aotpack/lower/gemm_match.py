@@ -3,7 +3,7 @@
 Works on the exported, decomposed FX graph before lowering. A match is a linear
 (``addmm(bias, x, permute(W))`` or ``mm(x, permute(W))``, ``W`` a 2-D weight) or a 2-D
 convolution (``convolution(x, W, bias, ...)``, not transposed) in float32, plus the
-pointwise ops after it that oneDNN can run as post-ops, when no other op reads the
+pointwise ops after it that a GEMM implementation can apply as post-ops, when no other op reads the
 intermediate values:
 
 * an activation: ``relu``, ``tanh``, ``sigmoid``, GELU (erf form, as decomposed:
@@ -43,7 +43,7 @@ class GemmMatch:
     """One GEMM/conv and its foldable epilogue.
 
     ``nodes`` are every FX node the match covers, in graph order (the GEMM first, the
-    epilogue's last node last: its value is the match's result); ``unary`` is the oneDNN
+    epilogue's last node last: its value is the match's result); ``unary`` is the
     post-op name (``relu``, ``gelu``, ``tanh``, ``sigmoid``, ``swish``, ``hardswish``,
     ``hardsigmoid``) or None;
     ``residual`` the FX node added to the result, or None (with a ``unary``, that is
@@ -165,7 +165,7 @@ def _hardswish(y) -> tuple | None:
 
 
 def _activation(y) -> tuple | None:
-    """(oneDNN attr, nodes) of the activation applied to ``y`` alone, or None."""
+    """(post-op name, nodes) of the activation applied to ``y`` alone, or None."""
     users = _users(y)
     if len(users) == 1 and users[0].target in _UNARY:
         return _UNARY[users[0].target], users

@@ -22,10 +22,6 @@ from aotpack.lower.registry import meta
 
 #: A lazy chain longer than this gets a buffer, to bound kernel size and compile time.
 MAX_FUSED_OPS = 48
-#: Element-ops (elements x ops x extra users) a fan-out may recompute instead of getting
-#: a buffer: ~0.7 us at 8 float lanes a cycle and 3 GHz (an estimate), less than the
-#: ~2.2 us the runtime spends on its smallest kernel (Model::run of x + 1 on 4x4, measured).
-RECOMPUTE_BUDGET = 16384
 #: Inner loops shorter than this vectorise poorly: try merging outer dimensions in.
 NARROW_INNER = 64
 
@@ -39,7 +35,7 @@ def maybe_realize(lw, node, value: Lazy) -> None:
         fanout = 1  # split into head and tail: each element is still computed once
     # recomputing a few ops on a small tensor in each user is cheaper than a kernel
     # launch of its own plus a round trip through memory
-    cheap = not value.expensive and value.numel * value.op_count * (fanout - 1) <= RECOMPUTE_BUDGET
+    cheap = not value.expensive and value.numel * value.op_count * (fanout - 1) <= lw.backend.recompute_budget
     costly = (value.op_count >= 2 or value.expensive) and not cheap
     if value.op_count > MAX_FUSED_OPS:
         realize(lw, value)

@@ -371,7 +371,7 @@ def load(path: str | Path, device_limit: int | None = None, *,
             the extraction cache is neither read nor written (a build's check of its archive).
         cores: a core partition (CPU ids, or a cpulist such as "0-3"): the model's runs
             execute on a thread of its own pinned to these cores, and its kernels and ATen's
-            intra-op threads (that thread's OpenMP team) use exactly that many threads, on
+            intra-op threads (that thread's worker team) use exactly that many threads, on
             them only. The device limit is their number; an archive tuned for another
             ``--device-limit`` loads with a RuntimeWarning. Empty = not pinned.
 

@@ -21,9 +21,7 @@ ViT-S/16 (the benchmark's 4 encoder layers) that left 8 of 26 GEMM steps to time
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -88,30 +86,19 @@ def gemm_twins(graph: Graph) -> dict[str, str]:
     return twins
 
 
-@contextlib.contextmanager
-def extern_threads(device_limit: int) -> Iterator[None]:
-    """ATen's intra-op threads set to ``device_limit`` (cores, >= 1) inside the block and
-    restored after, also on an error.
-
-    PGO times an extern implementation (ATen, MKL, oneDNN) against aotpack's kernels, which
-    launch at most ``device_limit`` threads; the extern call runs with ATen's thread count,
-    the machine's cores by default. Timed with 2 threads for a ``--device-limit 1`` build,
-    MKL's 32x2048x512 linear took 617 us where it runs 870 us at 1 thread, and won over
-    the GEMM template's 806 us. aotpack-run sets the same count (``--device-limit``).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(device_limit)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def extern_threads(backend, device_limit: int):
+    """A context in which extern (ATen) calls use at most ``device_limit`` compute units,
+    as the kernels timed against them do (``Device.extern_parallelism``)."""
+    return backend.device().extern_parallelism(device_limit)
 
 
-def time_candidates(launcher, keys: list[str], args, block_dims: list[int] | None = None) -> timing.Timing:
+def time_candidates(launcher, keys: list[str], args, block_dims: list[int] | None = None,
+                    device=None) -> timing.Timing:
     """Time each candidate (interleaved rounds, preemption-aware, re-timed while noisy).
 
     Args:
         launcher: a backend ``Launcher`` with every candidate loaded.
+        device: the backend's ``Device`` (its noise probes; see ``timing.measure``).
         keys: the candidates' kernel_keys, in the cost order. args: ``launcher.arguments(tensors)``.
         block_dims: the candidates' threads (a second look where 2 threads did not scale;
             stolen CPU time earns one anyway).
@@ -120,27 +107,28 @@ def time_candidates(launcher, keys: list[str], args, block_dims: list[int] | Non
         ``timing.Timing``: ``estimates_us`` per candidate, ``contended``; pass a list of
         them with the candidates' block_dims to ``timing.decide`` for the winner.
     """
-    return timing.measure(launcher, keys, args, block_dims=block_dims)
+    return timing.measure(launcher, keys, args, block_dims=block_dims, device=device)
 
 
 class _Calls:
     """The ``Launcher`` side ``timing.measure`` uses, over plain callables: key ``i``
-    calls ``functions[i]`` (GEMM implementations run through torch)."""
+    calls ``functions[i]`` (GEMM implementations run through torch on ``device``)."""
 
-    def __init__(self, functions: list):
+    def __init__(self, functions: list, device):
         self.functions = functions
+        self.device = device
 
     def launch(self, key: int, args) -> None:
         self.functions[key]()
 
     def synchronize(self) -> None:
-        pass
+        self.device.synchronize()
 
 
-def time_functions(functions: list) -> timing.Timing:
+def time_functions(functions: list, device) -> timing.Timing:
     """Time each callable like kernel candidates (``time_candidates``: interleaved
-    rotated rounds, preemption-aware, re-timed while noisy)."""
-    return timing.measure(_Calls(functions), list(range(len(functions))), None)
+    rotated rounds, preemption-aware, re-timed while noisy) on the backend's ``device``."""
+    return timing.measure(_Calls(functions, device), list(range(len(functions))), None, device=device)
 
 
 def _view(env, parts) -> torch.Tensor:
@@ -151,19 +139,20 @@ def _view(env, parts) -> torch.Tensor:
     return torch.as_strided(tensor, sizes, strides, tensor.storage_offset() + offset)
 
 
-def _conform(tensor: torch.Tensor, buf: Buffer) -> torch.Tensor:
-    """``tensor`` laid out exactly as ``buf`` says (kernels hard-code strides)."""
+def _conform(device, tensor: torch.Tensor, buf: Buffer) -> torch.Tensor:
+    """``tensor`` laid out exactly as ``buf`` says (kernels hard-code strides), a copy on
+    ``device`` where it is not."""
     if tuple(tensor.shape) != buf.shape or tensor.dtype != buf.dtype:
         raise AotpackError(f"{buf.name}: expected {buf.dtype}{list(buf.shape)}, got "
                            f"{tensor.dtype}{list(tensor.shape)}")
     same = all(st == want or size == 1 for st, want, size in zip(tensor.stride(), buf.strides, buf.shape))
     if same:
         return tensor
-    return torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype).copy_(tensor)
+    return device.empty(buf.shape, buf.strides, buf.dtype).copy_(tensor)
 
 
-def _empty(buf: Buffer) -> torch.Tensor:
-    return torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
+def _empty(device, buf: Buffer) -> torch.Tensor:
+    return device.empty(buf.shape, buf.strides, buf.dtype)
 
 
 def _extern_args(env, call: ExternCall):
@@ -197,6 +186,7 @@ class PythonModeRun:
         self.graph = graph
         self.compiled = compiled
         self.backend = backend
+        self.device = backend.device()
         self.launchers: dict = {}
         self.samples: dict[str, list] = {}
         self.winners: dict[str, int] = {kid: c.cached_choice[0] for kid, c in compiled.items() if c.cached_choice}
@@ -229,7 +219,7 @@ class PythonModeRun:
         self.timed_this_set = set()
         env: dict[int, torch.Tensor] = {}
         for buf, tensor in zip(self.graph.inputs, inputs):
-            env[id(buf)] = _conform(tensor.detach().clone(), buf)
+            env[id(buf)] = _conform(self.device, tensor.detach().clone(), buf)
         for buf in self.graph.constants:
             env[id(buf)] = self.graph.constant_tensors[buf.name].clone()
         for packed in self.graph.packed:  # packed once, as the model does at load
@@ -244,12 +234,12 @@ class PythonModeRun:
         for step in steps:
             if isinstance(step, CondStep):  # allocates its results, runs the taken branch
                 for buf in step.results:
-                    env[id(buf)] = _empty(buf)
+                    env[id(buf)] = _empty(self.device, buf)
                 taken = bool(_view(env, step.pred).item())
                 self._execute(step.true_steps if taken else step.false_steps, env)
             elif isinstance(step, KernelCall):
                 for buf in step.writes():
-                    env[id(buf)] = _empty(buf)
+                    env[id(buf)] = _empty(self.device, buf)
                 self._kernel(step.kernel, [env[id(b)] for b in step.reads() + step.writes()])
             elif isinstance(step, ExternCall):
                 args, kwargs = _extern_args(env, step)
@@ -257,7 +247,7 @@ class PythonModeRun:
                 results = result if isinstance(result, (list, tuple)) else [result]
                 for buf, tensor in zip(step.outputs, results):
                     if buf is not None:
-                        env[id(buf)] = _conform(tensor, buf)
+                        env[id(buf)] = _conform(self.device, tensor, buf)
             elif isinstance(step, CopyBack):
                 src = step.source
                 env[id(step.target)].copy_(_view(env, (src.base, src.shape, src.strides, src.offset)))
@@ -267,7 +257,7 @@ class PythonModeRun:
     def _gemm(self, step: GemmStep, env) -> None:
         """Run a GEMM step; until it is tuned, time every variant on this input set.
 
-        Variant 0 (ATen; oneDNN for a convolution that has aotpack kernels) runs first as a
+        Variant 0 (the backend's first, an extern call: ``Backend.gemm_variants``) runs first as a
         normal step (tuning its epilogue kernel, if any, and computing the output, which
         every variant computes alike); the other variants' kernels (the templates) get
         their candidates timed; then each variant is
@@ -287,7 +277,7 @@ class PythonModeRun:
                 if isinstance(call, KernelCall) and call.kernel.kernel_id not in self.winners:
                     self._kernel(call.kernel, [env[id(b)] for b in call.reads() + call.writes()])
         calls = [self._calls(variant.steps, env) for variant in step.variants]
-        timed = time_functions([lambda fns=fns: [fn() for fn in fns] for fns in calls])
+        timed = time_functions([lambda fns=fns: [fn() for fn in fns] for fns in calls], self.device)
         self.gemm_samples.setdefault(key, (step, []))[1].append(timed)
 
     def _calls(self, steps: list, env) -> list:
@@ -297,7 +287,7 @@ class PythonModeRun:
             if isinstance(step, ExternCall):
                 args, kwargs = _extern_args(env, step)
                 out = step.outputs[0]
-                calls.append(lambda op=step.op, a=args, k=kwargs, b=out: _conform(op(*a, **k), b))
+                calls.append(lambda op=step.op, a=args, k=kwargs, b=out: _conform(self.device, op(*a, **k), b))
             elif isinstance(step, KernelCall):
                 kid = step.kernel.kernel_id
                 launcher = self._launcher(kid)
@@ -333,7 +323,7 @@ class PythonModeRun:
             self.timed_this_set.add(kid)
             keys = [c.kernel_key for c in candidates]
             self.samples.setdefault(kid, []).append(
-                time_candidates(launcher, keys, args, [c.block_dim for c in candidates]))
+                time_candidates(launcher, keys, args, [c.block_dim for c in candidates], self.device))
             if self.on_tuned and len(self.samples[kid]) == 1:
                 self.on_tuned(len(self.samples), self.to_tune)
             launcher.launch(keys[0], args)
@@ -372,10 +362,10 @@ class PythonModeRun:
         for key, (step, samples) in self.gemm_samples.items():
             # Every implementation uses the same threads; a close call goes to aotpack's own
             # template (ranked first), its Winograd kernel, then to the others in order (variant 0
-            # first: ATen, or oneDNN for a convolution aotpack's kernels can run): a template
-            # kernel is planned with the graph and allocates nothing per call, where an extern
-            # ATen or oneDNN call allocates its output and scratch on every run, and within
-            # the noise (the template is 5-10% faster than oneDNN on ResNet's convolutions)
+            # first: the backend's first extern call): a template kernel is planned with the graph
+            # and allocates nothing per call, where an extern call allocates its output and
+            # scratch on every run, and within the noise (the template is 5-10% faster than the
+            # CPU's extern convolution on ResNet's convolutions)
             # builds flipped between them.
             ranks = [OWN_KERNEL_RANKS.get(variant.name, len(OWN_KERNEL_RANKS)) for variant in step.variants]
             decision = timing.decide(samples, ranks)

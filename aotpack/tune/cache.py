@@ -4,21 +4,20 @@ Layout (under ``AOTPACK_CACHE_DIR``)::
 
     <cache>/<backend>/<kernel base name>/<artifact_hash>/
         compile.lock                    serialises compile + autotune of this kernel
-        static_kernel/<kernel_key>/     kernel.cpp + kernel.so of one candidate
-        wrapper.cpp, wrapper.so         kernel_key -> TilingInfo map of the timed candidates
+        static_kernel/<kernel_key>/     kernel source + binary of one candidate (``archive.layout`` names)
+        wrapper source + binary         kernel_key -> TilingInfo map of the timed candidates
         optimize_tiling                 "tiling_repr|workspace|block_dim" of the winner
         timings.json                    the candidates it was chosen among (and a digest of their sources), with timings (us)
-        ship/<source hash>/wrapper.so   the shipped wrapper: the winner's TilingInfo only
         <binary>.sha256                 "sha256 size" of every binary, written with it
-    <cache>/<backend>/binaries/<source + toolchain hash>/lib.so, source.cpp
-    <cache>/<backend>/models/<source + model toolchain hash>/lib.so, source.cpp, compile.lock
-                                    model.so of one model.cpp (``CpuToolchain.model_fingerprint``)
+    <cache>/<backend>/binaries/<source + toolchain hash>/lib<binary suffix>, source<source suffix>
+    <cache>/<backend>/models/<source + model toolchain hash>/lib, source, compile.lock
+                                    the model library of one model source (the backend's model fingerprint)
 
 ``artifact_hash`` covers the kernel (``kernel_id``), the toolchain fingerprint
-(compiler, flags, target ISA), the device limit and the candidate set: the tuning
+(compiler, flags, target), the device limit and the candidate set: the tuning
 choice in it is keyed by all of them. Binaries are keyed by source + toolchain in
 ``binaries/`` and linked into the kernel folders, so another ``--topn`` (another
-folder) reuses every candidate already compiled; ``models/`` does the same for model.so,
+folder) reuses every candidate already compiled; ``models/`` does the same for the model library,
 so a warm rebuild compiles nothing. Wrappers are compiled per folder and
 never linked: the dynamic loader treats two links of one file as one library, and a
 wrapper holds its kernel's loaded state. A binary in a kernel folder is reused
@@ -44,6 +43,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from aotpack import leftovers
+from aotpack.archive import layout
 from aotpack.errors import AotpackError
 
 log = logging.getLogger("aotpack")
@@ -80,15 +80,18 @@ def artifact_hash(kernel_id: str, toolchain_fingerprint: str, device_limit: int,
 
 
 class BinaryStore:
-    """Compiled binaries keyed by source + toolchain fingerprint (``<root>/<hash>/lib.so``)."""
+    """Compiled binaries keyed by source + toolchain fingerprint (``<root>/<hash>/lib<binary_suffix>``,
+    its source beside it as ``source<source_suffix>``: the backend's suffixes)."""
 
-    def __init__(self, root: Path, fingerprint: str):
+    def __init__(self, root: Path, fingerprint: str, binary_suffix: str, source_suffix: str):
         self.root = root
         self.fingerprint = fingerprint
+        self.binary_suffix = binary_suffix
+        self.source_suffix = source_suffix
 
     def path(self, source: str) -> Path:
         """Where the binary of ``source`` lives (it may not exist yet)."""
-        return self.root / digest(source, self.fingerprint) / "lib.so"
+        return self.root / digest(source, self.fingerprint) / f"lib{self.binary_suffix}"
 
     def provide(self, source: str, output: Path, source_file: Path, compile_fn) -> bool:
         """Make ``output`` the binary of ``source``: from the store, else compiled into it.
@@ -99,9 +102,10 @@ class BinaryStore:
         stored = self.path(source)
         compiled = False
         leftovers.remove_dead(stored.parent)
-        if not is_current(stored, stored.with_name("source.cpp"), source):
-            write_atomic(stored.with_name("source.cpp"), source)
-            compile_fn(stored.with_name("source.cpp"), stored)
+        stored_source = stored.with_name(f"source{self.source_suffix}")
+        if not is_current(stored, stored_source, source):
+            write_atomic(stored_source, source)
+            compile_fn(stored_source, stored)
             record(stored)
             compiled = True
         _link(stored, output)
@@ -226,17 +230,17 @@ class KernelFolder:
 
     def static_kernel(self, kernel_key: str) -> Path:
         """``static_kernel/<kernel_key>/`` of one candidate."""
-        return self.path / "static_kernel" / kernel_key
+        return self.path / layout.STATIC_KERNEL_DIR / kernel_key
 
     @property
     def wrapper(self) -> Path:
         """The PGO wrapper (every timed candidate's TilingInfo)."""
-        return self.path / "wrapper.so"
+        return self.path / layout.WRAPPER_NAME
 
     @property
     def wrapper_source(self) -> Path:
         """Source of the PGO wrapper."""
-        return self.path / "wrapper.cpp"
+        return self.path / layout.WRAPPER_SOURCE_NAME
 
     @property
     def optimize_tiling(self) -> Path:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aotpack import leftovers
+from aotpack.archive import layout
 from aotpack.tune import cache
 from aotpack.tune.candidates import CandidateSet
 
@@ -29,12 +30,12 @@ class CompiledSet:
     cached_choice: tuple | None
 
     def binary(self, index: int) -> Path:
-        """``kernel.so`` of candidate ``index``."""
-        return self.folder.static_kernel(self.candidate_set.candidates[index].kernel_key) / "kernel.so"
+        """The kernel binary of candidate ``index``."""
+        return self.folder.static_kernel(self.candidate_set.candidates[index].kernel_key) / layout.LIB_KERNEL_NAME
 
     def source_file(self, index: int) -> Path:
-        """``kernel.cpp`` of candidate ``index``."""
-        return self.folder.static_kernel(self.candidate_set.candidates[index].kernel_key) / "kernel.cpp"
+        """The kernel source of candidate ``index``."""
+        return self.folder.static_kernel(self.candidate_set.candidates[index].kernel_key) / layout.LIB_KERNEL_SOURCE_NAME
 
 
 def kernel_folders(sets: dict[str, CandidateSet], backend, settings, toolchain) -> dict[str, cache.KernelFolder]:
@@ -48,7 +49,8 @@ def kernel_folders(sets: dict[str, CandidateSet], backend, settings, toolchain) 
 
 def binary_store(backend, settings, toolchain) -> cache.BinaryStore:
     """The backend's source-keyed binary store under the cache."""
-    return cache.BinaryStore(settings.cache_dir / backend.name / "binaries", toolchain.fingerprint())
+    return cache.BinaryStore(settings.cache_dir / backend.name / "binaries", toolchain.fingerprint(),
+                             backend.binary_suffix, backend.source_suffix)
 
 
 def _jobs(compiled: CompiledSet, toolchain) -> list:
@@ -158,12 +160,12 @@ def shipped_wrappers(compiled: dict[str, CompiledSet]) -> dict[str, tuple[Path, 
     """Each kernel's wrapper for the archive: its PGO wrapper as it is.
 
     The wrapper maps every candidate's ``kernel_key`` to its TilingInfo and loads the static
-    kernels it finds; the archive holds only the winner's ``kernel.so``, and model.cpp names the
+    kernels it finds; the archive holds only the winner's kernel binary, and the model source names the
     winner's ``kernel_key`` and calls ``release`` keeping it. So the wrapper PGO launched through
     ships unchanged, with no second compile (a winner-only wrapper was one more compile per tuned
     kernel: 41 of MobileNetV3-Small's, ~1.3 s of a cold build on 2 cores).
 
     Returns:
-        ``kernel_id -> (wrapper.so path, wrapper source)``.
+        ``kernel_id -> (wrapper binary path, wrapper source)``.
     """
     return {kid: (c.folder.wrapper, c.candidate_set.wrapper_source) for kid, c in compiled.items()}

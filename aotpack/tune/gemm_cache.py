@@ -5,7 +5,8 @@ offered, the winner and the timings (us). The key covers what the timings depend
 each variant's calls (ops, argument kinds, shapes and strides, epilogue kernel ids), the
 version of each kernel a variant launches (``kernel_versions``: a digest of its candidates'
 sources and the toolchain, so a changed template or solver is timed again), the torch
-version, the device limit and torch's thread count. ``--retune`` ignores them.
+version and the device state the backend names (``Device.tuning_key``: on the CPU, the
+device limit and ATen's thread count). ``--retune`` ignores them.
 """
 from __future__ import annotations
 
@@ -48,18 +49,19 @@ def kernel_versions(sets: dict, toolchain_fingerprint: str) -> dict[str, str]:
     return {kid: digest(toolchain_fingerprint, *cs.sources) for kid, cs in sets.items()}
 
 
-def _path(root: Path, step, device_limit: int, versions: dict | None) -> Path:
-    key = digest(signature(step, versions), torch.__version__, str(device_limit), str(torch.get_num_threads()))
+def _path(root: Path, step, device_key: tuple, versions: dict | None) -> Path:
+    key = digest(signature(step, versions), torch.__version__, *device_key)
     return root / f"{step.name[:40]}-{key}.json"
 
 
-def read_all(root: Path, graph, device_limit: int, versions: dict | None = None) -> dict:
+def read_all(root: Path, graph, device_key: tuple, versions: dict | None = None) -> dict:
     """``step.key -> RecordedWinner`` for every step of ``graph`` with a readable record
-    (a damaged or foreign record is ignored: the step is timed again)."""
+    (a damaged or foreign record is ignored: the step is timed again). ``device_key``: the
+    backend's ``Device.tuning_key(device_limit)`` (strings)."""
     found = {}
     for step in gemm_steps(graph):
         try:
-            record = json.loads(_path(root, step, device_limit, versions).read_text())
+            record = json.loads(_path(root, step, device_key, versions).read_text())
         except (OSError, ValueError):
             continue
         names = [v.name for v in step.variants]
@@ -69,7 +71,7 @@ def read_all(root: Path, graph, device_limit: int, versions: dict | None = None)
     return found
 
 
-def write_all(root: Path, graph, choices: dict, device_limit: int, versions: dict | None = None) -> None:
+def write_all(root: Path, graph, choices: dict, device_key: tuple, versions: dict | None = None) -> None:
     """Record every timed step's winner and timings (atomic writes); removes the temp files
     of killed builds from ``root``."""
     leftovers.remove_dead(root)
@@ -79,6 +81,6 @@ def write_all(root: Path, graph, choices: dict, device_limit: int, versions: dic
             continue
         names = [v.name for v in step.variants]
         root.mkdir(parents=True, exist_ok=True)
-        write_atomic(_path(root, step, device_limit, versions),
+        write_atomic(_path(root, step, device_key, versions),
                      json.dumps({"candidates": names, "winner": names[choice.index],
                                  "timings_us": [round(t, 3) for t in choice.timings_us]}))

@@ -12,14 +12,13 @@
   estimate (both from ``MIN_PRUNE_CLEAN`` clean samples or more) is not timed again in that
   attempt. A clean sample is the candidate's time plus little noise and the leader's low
   quantile is at least its time, so the pruned one is that much slower; its estimate comes
-  from the rounds it ran. Most of what it saves is ATen/MKL/oneDNN beside a GEMM template
-  and one-thread twins of long kernels (ViT-S/16 at ``--topn 3``: 22 candidates, at
+  from the rounds it ran. Most of what it saves is extern library calls beside a GEMM
+  template and one-thread twins of long kernels (ViT-S/16 at ``--topn 3``: 22 candidates, at
   least 0.18 s of samples skipped);
 * around every sample, the time this process's threads spent runnable but waiting on
-  the run queue (``run_delay`` of ``/proc/self/task/*/schedstat``: the direct signal of
-  preemption; where that file is missing, wall time minus this thread's CPU time). A
-  sample whose threads waited more than ``CLEAN_DELAY_SHARE`` of its wall time is
-  *contended*;
+  the run queue (the device's probe, ``Device.run_delay_probe``: the direct signal of
+  preemption; without one, wall time minus this thread's CPU time). A sample whose
+  threads waited more than ``CLEAN_DELAY_SHARE`` of its wall time is *contended*;
 * re-timing (up to ``MAX_ATTEMPTS`` attempts of ``ROUNDS`` rounds, within
   ``ATTEMPT_BUDGET_S``) while a candidate has too few clean samples or its fast samples
   disagree (``DISAGREE``). A kernel still short of clean samples after that is
@@ -28,7 +27,7 @@
   candidate of a long kernel (its fastest one-thread candidate ``UNSCALED_MIN_US`` or more) is not
   at least ``UNSCALED_SHARE`` faster than that one-thread candidate, or when the host
   stole more than ``STOLEN_SHARE`` of the timing's wall time, and ``STOLEN_MIN_TICKS`` ticks
-  or more, from this virtual machine (``steal_ticks``: the ``steal`` column of ``/proc/stat``).
+  or more, from this virtual machine (``Device.steal_ticks``).
   Stolen time is invisible to the run-queue probe:
   the guest's threads look as if they ran. On this project's 2-core VM a build once
   timed three of ResNet-18's 2-thread convolutions at their 1-thread time (1022 us
@@ -46,7 +45,7 @@ reproducible.
 
 Estimate: the ``LOW_QUANTILE`` quantile of a candidate's samples, not the mean or median.
 A candidate is deterministic work on fixed tensors; every source of noise (preemption,
-interrupts, another process's cache traffic, an OpenMP thread woken late) only *adds*
+interrupts, another process's cache traffic, a worker thread woken late) only *adds*
 time, so the fastest samples are the least disturbed ones and the right tail measures
 the machine, not the kernel. The median moves with the load (a 2-thread kernel whose
 second thread waits for a time slice reads ~24 ms instead of ~20 us on a 2-core host
@@ -57,9 +56,10 @@ would decide alone; the 0.2 quantile needs a few fast samples that agree.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
+
+from aotpack.backends.base import Device
 
 WARMUP_LAUNCHES = 3
 ROUNDS = 15
@@ -79,7 +79,7 @@ MAX_LAUNCHES_PER_SAMPLE = 1000
 #: rest of the sample would only add more of them (its samples are per launch anyway).
 ABANDON_FACTOR = 20
 #: A sample whose threads waited on the run queue longer than this share of its wall
-#: time was preempted (contended); an idle machine shows ~0 (OpenMP wake-ups: a few us).
+#: time was preempted (contended); an idle machine shows ~0 (worker wake-ups: a few us).
 CLEAN_DELAY_SHARE = 0.05
 #: A candidate needs this share of clean samples for its estimate to be trusted.
 MIN_CLEAN_SHARE = 1 / 3
@@ -112,50 +112,6 @@ UNSCALED_PAUSE_S = 0.5
 TIE_MARGIN = 0.03
 #: ...and in at least this share of the rounds in which both samples were clean.
 WIN_SHARE = 0.75
-
-
-class RunDelayProbe:
-    """Nanoseconds this process's threads have waited on the run queue (monotonic).
-
-    Reads field 2 (``run_delay``) of ``/proc/self/task/<tid>/schedstat`` for the threads
-    present at ``open`` (the OpenMP pool exists after the warm-up launches), through
-    open descriptors (~1.5 us a read). Without schedstat (not Linux, or a kernel without
-    ``CONFIG_SCHED_INFO``) it falls back to wall time minus this thread's CPU time:
-    blind to a late OpenMP worker, but it still sees the launching thread preempted.
-    """
-
-    def __init__(self):
-        self._fds: list[int] = []
-        self._fallback = False
-
-    def open(self) -> None:
-        """(Re)open the schedstat of every current thread."""
-        self.close()
-        try:
-            for tid in os.listdir("/proc/self/task"):
-                self._fds.append(os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY))
-            self.read()
-        except (OSError, ValueError, IndexError):
-            self.close()
-            self._fallback = True
-
-    def read(self) -> int:
-        """Total run-queue wait so far (ns)."""
-        if self._fallback:
-            return time.perf_counter_ns() - time.thread_time_ns()
-        total = 0
-        for fd in self._fds:
-            try:
-                total += int(os.pread(fd, 128, 0).split()[1])
-            except OSError:  # the thread ended
-                pass
-        return total
-
-    def close(self) -> None:
-        """Release the descriptors."""
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
 
 
 @dataclass
@@ -225,24 +181,6 @@ class Timing:
             for c, values in enumerate(theirs):
                 mine[c].extend(values)
         self.attempts += other.attempts
-
-
-def clock_ticks_per_s() -> int:
-    """USER_HZ, the unit of ``/proc/stat`` (100 where sysconf does not say)."""
-    try:
-        return os.sysconf("SC_CLK_TCK")
-    except (ValueError, OSError, AttributeError):
-        return 100
-
-
-def steal_ticks() -> int:
-    """Clock ticks (USER_HZ) the hypervisor has stolen from this machine's CPUs so far:
-    the 8th value of the ``cpu`` line of ``/proc/stat``; 0 where it is unreadable."""
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            return int(stat.readline().split()[8])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def unscaled(timing: Timing, block_dims: list[int]) -> bool:
@@ -331,7 +269,7 @@ def _second_look(first: Timing, second: Timing) -> Timing:
 
 
 def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter_ns, sleep=time.sleep,
-            block_dims: list[int] | None = None, stolen=steal_ticks) -> Timing:
+            block_dims: list[int] | None = None, stolen=None, device=None) -> Timing:
     """Time every candidate of one kernel on one set of tensors (see the module docstring).
 
     Args:
@@ -339,16 +277,20 @@ def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter
             ``Launcher`` with every candidate loaded).
         keys: the candidates' kernel_keys, in the cost order (the solver's).
         args: what ``launch`` takes (``launcher.arguments(tensors)``).
-        probe: run-queue wait source with ``open``/``read``/``close`` (default
-            ``RunDelayProbe``); clock: ns timer; sleep: pause between attempts (s);
-            stolen: the steal counter (``steal_ticks``). For tests.
+        probe: run-queue wait source with ``open``/``read``/``close`` (default: the device's
+            ``run_delay_probe()``); clock: ns timer; sleep: pause between attempts (s);
+            stolen: the steal counter (default: the device's ``steal_ticks``). For tests.
         block_dims: the candidates' threads; given, a multi-thread candidate that did not
             scale earns one more attempt (``unscaled``), as stolen time always does.
+        device: the backend's ``Device`` (its noise probes); default ``base.Device()``,
+            which has none (wall time minus CPU time, no stolen time).
 
     Returns:
         A ``Timing`` of ``ROUNDS`` rounds per attempt.
     """
-    probe = probe or RunDelayProbe()
+    device = device or Device()
+    probe = probe or device.run_delay_probe()
+    stolen = stolen or device.steal_ticks
     fastest = {key: _fastest_warmup_ns(launcher, key, args, clock) for key in keys}
     probe.open()
     try:
@@ -359,7 +301,7 @@ def measure(launcher, keys: list[str], args, probe=None, clock=time.perf_counter
             sleep(RETRY_PAUSE_S[min(timing.attempts - 1, len(RETRY_PAUSE_S) - 1)])
             timing.extend(_rounds(launcher, keys, args, fastest, probe, clock, ROUNDS))
         stolen_ticks = stolen() - steal_before
-        stolen_s = stolen_ticks / clock_ticks_per_s()
+        stolen_s = stolen_ticks / device.clock_ticks_per_s()
         robbed = stolen_ticks >= STOLEN_MIN_TICKS and stolen_s > STOLEN_SHARE * (clock() - started) / 1e9
         if robbed or (block_dims and unscaled(timing, block_dims)):
             sleep(UNSCALED_PAUSE_S)

@@ -212,14 +212,14 @@ def test_whisper_length_1500(tmp_path):
     torch.testing.assert_close(out.view(expected.shape), expected, atol=ATOL, rtol=RTOL)
 
 
-def _template_wins(functions):
+def _template_wins(functions, device=None):
     """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
     for fn in functions:
         fn()
     return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
 
 
-def _unfused_templates_win(functions):
+def _unfused_templates_win(functions, device=None):
     """``autotune.time_functions`` stand-in: ``unfused:template+template`` (variant 3 of an
     attention step of five) is fastest; for any other step the last variant."""
     for fn in functions:

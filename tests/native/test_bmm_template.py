@@ -164,7 +164,7 @@ def unfused_attention(monkeypatch):
     monkeypatch.setattr(attention_lowering, "find", lambda graph: {})
 
 
-def _template_wins(functions):
+def _template_wins(functions, device=None):
     """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
     for fn in functions:
         fn()

@@ -180,7 +180,7 @@ def test_jobs_with_one_source_compile_once(tmp_path):
         time.sleep(0.2)  # long enough that two threads would start the same source together
         output.write_bytes(b"binary of " + source.read_bytes())
 
-    store = cache.BinaryStore(tmp_path / "binaries", "fingerprint")
+    store = cache.BinaryStore(tmp_path / "binaries", "fingerprint", ".so", ".cpp")
     jobs = [(compile_fn, tmp_path / f"k{i}" / "kernel.cpp", "same source", tmp_path / f"k{i}" / "kernel.so", True)
             for i in range(3)]
     jobs.append((compile_fn, tmp_path / "k3" / "kernel.cpp", "other source", tmp_path / "k3" / "kernel.so", True))

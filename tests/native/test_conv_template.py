@@ -328,14 +328,14 @@ def test_batch_norm_and_the_shared_residual_are_matched_once():
                        ("p_stem_weight", True, "relu")]
 
 
-def _last_variant_wins(functions):
+def _last_variant_wins(functions, device=None):
     """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
     for fn in functions:
         fn()
     return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
 
 
-def _onednn_wins(functions):
+def _onednn_wins(functions, device=None):
     """The first variant (oneDNN for every convolution that has aotpack kernels) is fastest."""
     for fn in functions:
         fn()

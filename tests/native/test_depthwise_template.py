@@ -233,7 +233,7 @@ def test_both_layouts_compile_for_every_vector_width(march, tmp_path):
         assert result.returncode == 0, f"{tiling.tiling_repr} at -march={march}:\n{result.stderr[:2000]}"
 
 
-def _template_wins(functions):
+def _template_wins(functions, device=None):
     """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
     for fn in functions:
         fn()

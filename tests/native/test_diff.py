@@ -28,7 +28,7 @@ def aotpack_diff(*args):
 def mlp(tmp_path_factory, cache_dir):
     """topn 3 (kernels are timed); GEMM steps made to pick ATen, so the archive holds both
     fused kernels (the GELU epilogue and the LayerNorm) whatever the machine's timings."""
-    def aten_first(functions):
+    def aten_first(functions, device=None):
         return fixed_timing([1.0 + i for i in range(len(functions))])
 
     with pytest.MonkeyPatch.context() as patch:

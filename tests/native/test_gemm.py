@@ -10,6 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from aotpack import backends
 from aotpack.tune import autotune
 from aotpack.tune import gemm_cache
 from aotpack.archive import reader
@@ -29,7 +30,7 @@ def rotated(request, tmp_path_factory, cache_dir):
     calls still run once)."""
     counter = itertools.count(request.param)
 
-    def fake_timings(functions):
+    def fake_timings(functions, device=None):
         for fn in functions:
             fn()
         favourite = next(counter) % len(functions)
@@ -109,7 +110,7 @@ def test_extern_implementations_are_timed_with_the_device_limit_threads(tmp_path
                      "def example_inputs():\n    return (torch.randn(8, 64),)\n")
     seen = []
 
-    def recording_timings(functions):
+    def recording_timings(functions, device=None):
         for fn in functions:
             seen.append(torch.get_num_threads())
             fn()
@@ -133,7 +134,7 @@ def test_extern_implementations_are_timed_with_the_device_limit_threads(tmp_path
 def test_extern_threads_restores_the_count_after_an_error():
     before = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="inside"):
-        with autotune.extern_threads(1):
+        with autotune.extern_threads(backends.get("cpu"), 1):
             assert torch.get_num_threads() == 1
             raise RuntimeError("inside")
     assert torch.get_num_threads() == before
@@ -148,7 +149,7 @@ def test_twin_steps_and_a_repeated_kernel_are_timed_once_per_input_set(tmp_path,
     timings; the layers' shared template kernel is timed once per set, not per launch."""
     steps_timed, kernels_timed = [], []
 
-    def fake_time_functions(functions):
+    def fake_time_functions(functions, device=None):
         for fn in functions:
             fn()
         steps_timed.append(len(functions))
@@ -156,9 +157,9 @@ def test_twin_steps_and_a_repeated_kernel_are_timed_once_per_input_set(tmp_path,
 
     real_time_candidates = autotune.time_candidates
 
-    def counting_time_candidates(launcher, keys, args, block_dims=None):
+    def counting_time_candidates(launcher, keys, args, block_dims=None, device=None):
         kernels_timed.append(id(launcher))  # one launcher per kernel
-        return real_time_candidates(launcher, keys, args, block_dims)
+        return real_time_candidates(launcher, keys, args, block_dims, device)
 
     monkeypatch.setattr(autotune, "time_functions", fake_time_functions)
     monkeypatch.setattr(autotune, "time_candidates", counting_time_candidates)
@@ -182,7 +183,7 @@ def test_packed_constants_from_one_source_keep_their_own_values(tmp_path, cache_
     """Linears on two slices of one bias, and a batch norm shared by two convolutions with
     their own biases: with the templates pinned, each step packs its own bias (they once
     shared the first one's: max abs error 46 and 13)."""
-    def template_wins(functions):
+    def template_wins(functions, device=None):
         for fn in functions:
             fn()
         return fixed_timing([2.0] * (len(functions) - 1) + [1.0])

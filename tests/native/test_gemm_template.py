@@ -193,7 +193,7 @@ def test_every_tiling_matches_torch(case, tmp_path):
         torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL, msg=lambda text: f"{tiling}: {text}")
 
 
-def _template_wins(functions):
+def _template_wins(functions, device=None):
     """``autotune.time_functions`` stand-in: the last variant (the template) is fastest."""
     for fn in functions:
         fn()

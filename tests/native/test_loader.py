@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import aotpack
-from aotpack.archive import file_checks
+from aotpack.backends.cpu import binaries as file_checks
 from aotpack.archive import layout
 from aotpack.runtime import c_api, loader
 from aotpack.errors import AotpackError

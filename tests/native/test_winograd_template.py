@@ -136,7 +136,7 @@ def _variant(x_shape, c_out=32, kernel=3, **match):
     out_hw = [(s + 2 * p - kernel) // st + 1 for s, p, st in zip(x_shape[2:], padding, stride)]
     x = (_buffer("x", x_shape), tuple(x_shape), contiguous_strides(x_shape), 0)
     out = _buffer("out", (x_shape[0], c_out, *out_hw))
-    return gemm_lowering._winograd_variant(lw, _Match(**match), x, lw.constants[0], None, None, out), lw
+    return gemm_lowering.winograd_variant(lw, _Match(**match), x, lw.constants[0], None, None, out), lw
 
 
 @pytest.mark.unit

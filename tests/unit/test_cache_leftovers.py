@@ -31,7 +31,7 @@ def _setup(root: Path):
     candidate = SimpleNamespace(kernel_key="key0", optimize_tiling="t0|0|1")
     sets = {"k1": CandidateSet(SimpleNamespace(kernel_id="k1"), (candidate,), ("// kernel 0\n",), "// wrapper\n")}
     folders = {"k1": cache.KernelFolder(root / "cpu" / "fused_add" / "hash1")}
-    store = cache.BinaryStore(root / "cpu" / "binaries", "fingerprint")
+    store = cache.BinaryStore(root / "cpu" / "binaries", "fingerprint", ".so", ".cpp")
     settings = SimpleNamespace(retune=False, compile_threads=1)
     return sets, folders, store, settings
 
@@ -70,7 +70,7 @@ def test_temp_files_of_a_killed_build_are_removed_and_a_running_builds_kept(tmp_
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"half")
     compile_all(sets, folders, FakeToolchain(), store, settings)
-    gemm_cache.write_all(gemm_root, SimpleNamespace(steps=[]), {}, 0)
+    gemm_cache.write_all(gemm_root, SimpleNamespace(steps=[]), {}, ("0",))
     assert [p for p in dead_files if p.exists()] == []
     assert [p for p in live_files if p.exists()] == live_files
 

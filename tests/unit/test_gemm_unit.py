@@ -169,19 +169,20 @@ def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):
     steps = _steps(graph)
     choices = {steps[0].key: Choice(2, (3.0, 2.0, 1.0), True, False),
                steps[1].key: Choice(0, (1.0, 2.0, 3.0), True, True)}  # cached: not written again
-    gemm_cache.write_all(tmp_path, graph, choices, 2)
-    found = gemm_cache.read_all(tmp_path, graph, 2)
+    device = backends.get("cpu").device()
+    gemm_cache.write_all(tmp_path, graph, choices, device.tuning_key(2))
+    found = gemm_cache.read_all(tmp_path, graph, device.tuning_key(2))
     assert list(found) == [steps[0].key]
     assert found[steps[0].key].kernel_key == steps[0].variants[2].name
     assert found[steps[0].key].timings_us == (3.0, 2.0, 1.0)
-    assert gemm_cache.read_all(tmp_path, graph, 1) == {}  # another device limit: timed again
+    assert gemm_cache.read_all(tmp_path, graph, device.tuning_key(1)) == {}  # another device limit: timed again
     # a kernel a variant launches compiles differently (template, solver, toolchain): timed again
     template_kernels = {s.kernel.kernel_id for v in steps[0].variants for s in v.steps if hasattr(s, "kernel")}
     assert template_kernels
-    assert gemm_cache.read_all(tmp_path, graph, 2, {kid: "changed" for kid in template_kernels}) == {}
+    assert gemm_cache.read_all(tmp_path, graph, device.tuning_key(2), {kid: "changed" for kid in template_kernels}) == {}
     (record,) = tmp_path.iterdir()
     record.write_text("{not json")
-    assert gemm_cache.read_all(tmp_path, graph, 2) == {}
+    assert gemm_cache.read_all(tmp_path, graph, device.tuning_key(2)) == {}
 
 
 def test_identical_gemm_steps_are_twins_of_the_first():

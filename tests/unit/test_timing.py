@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from aotpack.backends.cpu.device import CpuDevice
 from aotpack.tune import timing
 from aotpack.tune.cache import KernelFolder
 from aotpack.tune.timing import Timing, decide, measure
@@ -211,7 +212,7 @@ def test_low_quantile_is_the_third_fastest_of_fifteen():
 
 
 def test_run_delay_probe_reads_a_monotonic_wait():
-    probe = timing.RunDelayProbe()
+    probe = CpuDevice().run_delay_probe()
     probe.open()
     try:
         first = probe.read()
@@ -333,9 +334,9 @@ def test_steal_ticks_is_the_steal_column_and_zero_where_unreadable(monkeypatch, 
     stat.write_text("cpu  780936 128740 166304 1243052 6181 0 1456 9664 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
     real_open = open
     monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(stat if path == "/proc/stat" else path, *a, **k))
-    assert timing.steal_ticks() == 9664
+    assert CpuDevice().steal_ticks() == 9664
     stat.write_text("cpu 1 2\n")  # a kernel without the column
-    assert timing.steal_ticks() == 0
+    assert CpuDevice().steal_ticks() == 0
 
 
 def test_a_candidate_clearly_behind_after_the_first_rounds_is_not_timed_again():

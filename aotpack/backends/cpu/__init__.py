@@ -9,7 +9,9 @@ Files: ``tiling`` (TopN solver), ``gemm_template`` / ``conv_template``,
 convolution, depthwise convolution, batched GEMM, Winograd 3x3 convolution and fused attention
 templates' tilings and sources), ``cost_model`` (ranks candidates before compiling), ``formulas`` + ``renderer`` (kernel IR -> C++),
 ``toolchain`` (compiler, flags, -march, OpenMP rules), ``launcher`` (ctypes PGO
-launcher), ``cpp_wrapper`` (model.cpp), ``wrapper_slot`` (per-kernel wrappers from one binary).
+launcher), ``cpp_wrapper`` (model.cpp), ``wrapper_slot`` (per-kernel wrappers from one binary),
+``device`` (cores, ATen threads, the timing noise probes), ``binaries`` (file suffixes, the ELF
+check), ``gemm_menu`` (the ATen, MKL and oneDNN implementations offered for a matched GEMM).
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from pathlib import Path
 from aotpack import leftovers
 from aotpack.tune import cache
 from aotpack.backends.base import Backend, Limits
-from aotpack.backends.cpu import (attention_template, bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
-                                  gemm_template, tiling, winograd_template, wrapper_slot)
+from aotpack.backends.cpu import (attention_template, binaries, bmm_template, conv_template, cost_model, cpp_wrapper,
+                                  depthwise_template, gemm_menu, gemm_template, tiling, winograd_template, wrapper_slot)
+from aotpack.backends.cpu.device import CpuDevice
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu import weights
 from aotpack.backends.cpu.launcher import CpuLauncher
@@ -52,6 +55,43 @@ class CpuBackend(Backend):
     name = "cpu"
     dtypes = frozenset(C_TYPES)
     model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
+    binary_suffix = binaries.BINARY_SUFFIX
+    source_suffix = binaries.SOURCE_SUFFIX
+    binary_check_phrase = "every .so passes the ELF check"
+    #: ~0.7 us of recomputation at 8 float lanes a cycle and 3 GHz (an estimate), less than the
+    #: ~2.2 us the runtime spends on its smallest kernel (Model::run of x + 1 on 4x4, measured).
+    recompute_budget = 16384
+
+    def __init__(self):
+        self._device = CpuDevice()
+
+    def device(self) -> CpuDevice:
+        """This machine's CPU (``device.CpuDevice``)."""
+        return self._device
+
+    def check_binary(self, handle, label: str) -> None:
+        """The runtime's ELF check before dlopen (``binaries.check_elf``)."""
+        binaries.check_elf(handle, label)
+
+    def manifest_target(self, target: dict) -> dict:
+        """``{"target_isa": target}``."""
+        return {"target_isa": target}
+
+    def check_target(self, doc: dict, fields) -> None:
+        """``target_isa``: an object with an optional ``march`` string and a ``features`` list
+        of strings (the runtime's parse_manifest, same order)."""
+        isa = fields.obj(doc, "target_isa", "")
+        if "march" in isa:
+            fields.str(isa, "march", "target_isa")
+        fields.strings(isa, "features", "target_isa")
+
+    def describe_target(self, doc: dict) -> str:
+        """``target ISA <march>``."""
+        return f"target ISA {doc['target_isa'].get('march', '?')}"
+
+    def gemm_variants(self, lw, match, operands) -> list | None:
+        """``gemm_menu.variants``: ATen, MKL and oneDNN calls beside aotpack's templates."""
+        return gemm_menu.variants(lw, match, operands)
 
     def limits(self, settings) -> Limits:
         """``device_limit`` from the settings; ``vector_bytes`` from the target ISA (64 where
@@ -125,7 +165,8 @@ class CpuBackend(Backend):
         (``<cache>/cpu/models``) when an earlier build compiled the same model.cpp with the same
         toolchain and headers: a warm rebuild skips its ~1-2 s compile."""
         toolchain = self.toolchain(settings)
-        store = cache.BinaryStore(settings.cache_dir / self.name / "models", toolchain.model_fingerprint())
+        store = cache.BinaryStore(settings.cache_dir / self.name / "models", toolchain.model_fingerprint(),
+                                  self.binary_suffix, self.source_suffix)
         out = workdir / "model.so"
         start = time.perf_counter()
         with cache.locked([store.path(source).parent]):  # another build may be writing the same entry

@@ -19,7 +19,7 @@ from pathlib import Path
 from aotpack import env, leftovers
 from aotpack.tune import cache
 from aotpack.backends.base import Toolchain
-from aotpack.backends.cpu import wrapper_slot
+from aotpack.backends.cpu import binaries, wrapper_slot
 from aotpack.errors import AotpackError
 from aotpack.codegen.render import include_dir
 
@@ -236,7 +236,7 @@ class CpuToolchain(Toolchain):
     def _patched_wrapper(self, source: str) -> bytes | None:
         slot = wrapper_slot.slot_source()
         with self._slot_lock:  # the first wrapper compiles the slot, the others wait for it
-            stored = cache.BinaryStore(self.slot_dir, self.fingerprint())
+            stored = cache.BinaryStore(self.slot_dir, self.fingerprint(), binaries.BINARY_SUFFIX, binaries.SOURCE_SUFFIX)
             path = stored.path(slot)
             if not cache.is_current(path, path.with_name("source.cpp"), slot):
                 leftovers.remove_dead(path.parent)
