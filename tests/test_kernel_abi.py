@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[1]
 HEADER = REPO / "native" / "include" / "aotpack" / "kernel_abi.h"
 MODEL_HEADER = REPO / "native" / "include" / "aotpack" / "model_abi.h"
-SNIPPET = REPO / "templates" / "kernel_abi.h.j2"
+SNIPPET = REPO / "aotpack" / "backends" / "cpu" / "templates" / "kernel_abi.h.j2"
 
 
 def code(path: Path) -> list[str]:

@@ -11,13 +11,15 @@ folder ``aotpack/backends/<name>/`` behind ``Backend``:
 * ``load_wrapper`` – a launcher for PGO in the build process (launch, synchronize);
 * ``generate_model`` / ``compile_model`` – the CppWrapper: host code with the winners
   baked in;
-* ``target`` – the target description recorded in the manifest.
+* ``target`` – the target description recorded in the manifest;
+* ``template_dir`` – the backend's own Jinja template folder (``codegen.render.render_from``).
 
 A backend is registered by name in ``aotpack.backends`` (``--backend NAME``).
 """
 from __future__ import annotations
 
 import hashlib
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +117,11 @@ class Backend(ABC):
     dtypes: frozenset
     #: version of the generated host library's ABI (recorded in the manifest).
     model_abi_version: int
+
+    def template_dir(self) -> Path:
+        """The backend's Jinja templates: ``templates/`` beside the module defining the backend
+        class (``aotpack/backends/<name>/templates/``), shipped as package data."""
+        return Path(sys.modules[type(self).__module__].__file__).resolve().parent / "templates"
 
     def limits(self, settings) -> Limits:
         """Resources from the build settings (``Settings.device_limit``)."""

@@ -57,7 +57,7 @@ from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, L
 from aotpack.backends.cpu.toolchain import O2_MARK
 from aotpack.config import MAX_TOPN
 from aotpack.ir.kernel import CONV_EPILOGUES, ConvKernel
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from aotpack.backends.cpu import lane_sum
 from aotpack.backends.cpu.formulas import C_TYPES, formula, literal, optional_helpers
 from aotpack.ir.index import Index, contiguous_strides
 from aotpack.ir.kernel import Cast, Const, FusedKernel, Load, Op, Piecewise, Reduce, online_softmax_pairs
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 #: Placeholder in a frozen body where a tiling's ``simdlen`` clause goes.

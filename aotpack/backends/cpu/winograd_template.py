@@ -28,7 +28,7 @@ from aotpack.backends.cpu.conv_template import conv_epilogue_cpp
 from aotpack.backends.cpu.gemm_template import PARALLEL_MIN_FLOPS, VECTOR_BYTES, tile_width, wide_speedup, wide_suffix
 from aotpack.config import MAX_TOPN
 from aotpack.ir.kernel import CONV_EPILOGUES, WinogradConvKernel
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 @dataclass(frozen=True)
