@@ -21,7 +21,7 @@ from aotpack import leftovers
 from aotpack.tune import cache
 from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (attention_template, bmm_template, conv_template, cost_model, cpp_wrapper, depthwise_template,
-                                  gemm_template, tiling, winograd_template, wrapper_slot)
+                                  gemm_template, templating, tiling, winograd_template, wrapper_slot)
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu.launcher import CpuLauncher
 from aotpack.backends.cpu.renderer import render_kernel
@@ -50,6 +50,11 @@ class CpuBackend(Backend):
     name = "cpu"
     dtypes = frozenset(C_TYPES)
     model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
+
+    def template_dir(self) -> Path:
+        """``templates/`` of this folder (``templating.TEMPLATE_DIR``), also for subclasses
+        defined elsewhere."""
+        return templating.TEMPLATE_DIR
 
     def limits(self, settings) -> Limits:
         """``device_limit`` from the settings; ``vector_bytes`` from the target ISA (64 where
