@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_the_cpu_backend_names_its_own_folder():
     folder = backends.get("cpu").template_dir()
     assert folder == templating.TEMPLATE_DIR == REPO / "aotpack" / "backends" / "cpu" / "templates"
-    assert {"model.cpp.j2", "cpu_wrapper.cpp.j2", "cpu_kernel.cpp.j2", "kernel_abi.h.j2"} <= {
+    assert {"model.cpp.j2", "cpu_wrapper.cpp.j2", "cpu_kernel.cpp.j2", "cpu_math.h.j2"} <= {
         p.name for p in folder.glob("*.j2")}
     assert not (REPO / "templates").exists()  # no repository-level folder to shadow it
 
