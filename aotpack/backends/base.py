@@ -19,6 +19,8 @@ folder ``aotpack/backends/<name>/`` behind ``Backend``:
 * ``recompute_budget`` – how much work lowering may recompute instead of buffering;
 * ``binary_suffix`` / ``source_suffix`` / ``check_binary`` – its binaries' file names and
   their content check before loading.
+* ``target`` – the target description recorded in the manifest;
+* ``template_dir`` – the backend's own Jinja template folder (``codegen.render.render_from``).
 
 A backend is registered by name in ``aotpack.backends`` (``--backend NAME``).
 """
@@ -28,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import time
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -234,6 +237,10 @@ class Backend(ABC):
         the ATen variant's steps).
         """
         return None
+    def template_dir(self) -> Path:
+        """The backend's Jinja templates: ``templates/`` beside the module defining the backend
+        class (``aotpack/backends/<name>/templates/``), shipped as package data."""
+        return Path(sys.modules[type(self).__module__].__file__).resolve().parent / "templates"
 
     def limits(self, settings) -> Limits:
         """Resources from the build settings (``Settings.device_limit``)."""

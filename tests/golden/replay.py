@@ -26,17 +26,36 @@ MODELS = [
     "tests/models/branchy.py", "tests/models/extern_zoo.py", "tests/models/mutations.py",
     "tests/models/narrow_rows.py", "tests/models/promotion_and_specials.py", "tests/models/long_rows.py",
     "tests/models/scalar_reduce.py", "tests/models/edge_values.py", "tests/models/view_mutations.py",
+    # the convolution templates: Winograd (small_cnn), depthwise and its channels layout
+    # (depthwise_zoo), the direct and lanes layouts, strided and dilated (conv_bn_block, mobilenet_block)
+    "tests/models/small_cnn.py", "tests/models/depthwise_zoo.py", "tests/models/conv_bn_block.py",
+    "tests/models/mobilenet_block.py",
 ]
 #: Candidates depend on the device limit: pin it so the sources do not depend on the host.
 DEVICE_LIMIT = 4
 #: The templates' vector width follows the target ISA: pin an AVX2 one (``vector_bytes`` 32).
 TARGET_ISA = "x86-64-v3"
+#: What ``CpuBackend.target`` reports for ``TARGET_ISA``, fixed here: the render asks no
+#: compiler, so neither the build machine's ISA nor its compiler's -march table enters it.
+TARGET = {"march": TARGET_ISA, "features": ["avx", "avx2", "bmi", "bmi2", "f16c", "fma", "popcnt", "sse", "sse2",
+                                            "sse3", "sse4.1", "sse4.2", "ssse3"]}
 SEPARATOR = "==== "
+
+
+def pinned_backend():
+    """The CPU backend with its target fixed to ``TARGET`` (the limits, the cost model and the
+    templates' vector width all read ``target``)."""
+    from aotpack.backends.cpu import CpuBackend
+
+    class PinnedTarget(CpuBackend):
+        def target(self, settings) -> dict:
+            return TARGET
+
+    return PinnedTarget()
 
 
 def generate(model: str) -> dict[str, str]:
     """Archive-relative path -> generated source, for one model file (no compiler run)."""
-    from aotpack import backends
     from aotpack.tune import candidates
     from aotpack.codegen import wrapper as codegen
     from aotpack.archive import layout
@@ -45,7 +64,7 @@ def generate(model: str) -> dict[str, str]:
     from aotpack.frontend.export import export_model, load_model_file
     from aotpack.lower.lowering import lower
 
-    backend = backends.get("cpu")
+    backend = pinned_backend()
     # every candidate of the space is pinned, tiny kernels and those estimated far behind too
     settings = Settings(topn=10, device_limit=DEVICE_LIMIT, backend="cpu", target_isa=TARGET_ISA, tiny_kernel_us=0,
                         far_behind_factor=0)

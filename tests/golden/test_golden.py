@@ -17,3 +17,17 @@ import replay  # noqa: E402
 def test_generated_sources_match_golden(model):
     lines = replay.diff(model)
     assert not lines, "generated sources changed:\n" + "".join(lines[:200])
+
+
+def test_the_render_does_not_depend_on_the_build_machine(monkeypatch):
+    """The golden render asks no compiler for the target: a host whose -march probe reports
+    AVX-512 renders the same sources."""
+    from aotpack.backends.cpu import toolchain
+
+    def avx512_host(march):
+        return {"march": "sapphirerapids", "features": [*replay.TARGET["features"], "avx512f", "avx512bw"]}
+
+    monkeypatch.setattr(toolchain, "target_isa", avx512_host)
+    monkeypatch.setattr("aotpack.backends.cpu.target_isa", avx512_host)
+    assert replay.pinned_backend().target(None) == replay.TARGET
+    assert not replay.diff("tests/models/depthwise_zoo.py")

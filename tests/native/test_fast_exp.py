@@ -1,4 +1,4 @@
-"""The kernels' inline float exp (templates/cpu_math.h.j2, ``ap::exp(float)``) against torch.
+"""The kernels' inline float exp (backends/cpu/templates/cpu_math.h.j2, ``ap::exp(float)``) against torch.
 
 The math header is rendered as every kernel includes it, compiled with the kernel flags
 (``-O3``, ``-march=native``, no ``-ffast-math``) into a small library with two entry points:
@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from aotpack.backends.cpu.toolchain import CpuToolchain
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 HARNESS = """#include <cstdint>

@@ -2,8 +2,8 @@
 
 tests/native_fixture/workspace_kernel.cpp declares 4096 workspace bytes, fills every byte
 and reports what it received. It is launched through a wrapper rendered from
-templates/cpu_wrapper.cpp.j2, first from Python (aotpack.backends.cpu.launch_abi), then
-from a model.so rendered from templates/model.cpp.j2 inside an archive run by aotpack-run:
+backends/cpu/templates/cpu_wrapper.cpp.j2, first from Python (aotpack.backends.cpu.launch_abi), then
+from a model.so rendered from backends/cpu/templates/model.cpp.j2 inside an archive run by aotpack-run:
 both callers must allocate the workspace the wrapper's TilingInfo declares.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from aotpack.archive import layout
 from aotpack.backends.cpu import cpp_wrapper
 from aotpack.backends.cpu import launch_abi, wrapper_slot
 from aotpack.errors import AotpackError
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 REPO = Path(__file__).resolve().parents[2]

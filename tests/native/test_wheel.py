@@ -45,7 +45,7 @@ def test_wheel_is_platform_specific_and_holds_the_runtime(installed):
     assert not wheel.name.endswith("-none-any.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"aotpack/bin/aotpack-run", "aotpack/lib/libaotpack_runtime.so.0",
-            "aotpack/templates/model.cpp.j2", "aotpack/include/kernel_abi.h"} <= names
+            "aotpack/backends/cpu/templates/model.cpp.j2", "aotpack/include/kernel_abi.h"} <= names
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     assert f"aotpack/lib/_aotpack_binding{suffix}" in names
     httplib = subprocess.run(["pkg-config", "--exists", "cpp-httplib"]).returncode == 0

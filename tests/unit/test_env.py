@@ -93,10 +93,10 @@ def test_native_names_variables_only_through_the_header():
 
 def test_templates_and_setup_name_only_registered_variables():
     names = set()
-    for path in [REPO / "setup.py", *sorted((REPO / "templates").glob("*.j2"))]:
+    for path in [REPO / "setup.py", *sorted((REPO / "aotpack" / "backends").glob("*/templates/*.j2"))]:
         names |= set(re.findall(r'(?:getenv|environ\.get)\(\s*"(\w+)"', path.read_text()))
     assert names <= set(env.BY_NAME), names - set(env.BY_NAME)
-    model = (REPO / "templates" / "model.cpp.j2").read_text()
+    model = (REPO / "aotpack" / "backends" / "cpu" / "templates" / "model.cpp.j2").read_text()
     assert 'getenv("{{ profile_variable }}")' in model  # the name comes from env.PROFILE
 
 

@@ -23,7 +23,8 @@ from aotpack import leftovers
 from aotpack.tune import cache
 from aotpack.backends.base import Backend, Limits
 from aotpack.backends.cpu import (attention_template, binaries, bmm_template, conv_template, cost_model, cpp_wrapper,
-                                  depthwise_template, gemm_menu, gemm_template, tiling, winograd_template, wrapper_slot)
+                                  depthwise_template, gemm_menu, gemm_template, templating, tiling, winograd_template,
+                                  wrapper_slot)
 from aotpack.backends.cpu.device import CpuDevice
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu import weights
@@ -92,6 +93,11 @@ class CpuBackend(Backend):
     def gemm_variants(self, lw, match, operands) -> list | None:
         """``gemm_menu.variants``: ATen, MKL and oneDNN calls beside aotpack's templates."""
         return gemm_menu.variants(lw, match, operands)
+
+    def template_dir(self) -> Path:
+        """``templates/`` of this folder (``templating.TEMPLATE_DIR``), also for subclasses
+        defined elsewhere."""
+        return templating.TEMPLATE_DIR
 
     def limits(self, settings) -> Limits:
         """``device_limit`` from the settings; ``vector_bytes`` from the target ISA (64 where

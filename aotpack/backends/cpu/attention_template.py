@@ -23,7 +23,7 @@ from aotpack.backends.base import Candidate
 from aotpack.backends.cpu.gemm_template import PARALLEL_MIN_FLOPS, VECTOR_BYTES, tile_width, wide_suffix
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import AttentionKernel, AttentionOperand
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 #: Keys per block must be a multiple of this (the score tile's width with AVX-512).
 KEY_ALIGN = 64

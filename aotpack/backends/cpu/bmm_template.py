@@ -25,7 +25,7 @@ from aotpack.backends.cpu.gemm_template import (L2_BLOCK_BYTES, PARALLEL_MIN_FLO
                                                 wide_suffix)
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import BmmKernel
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 #: Bytes a thread's panel slot is rounded up to (the workspace alignment).
 SLOT_ALIGN = 64

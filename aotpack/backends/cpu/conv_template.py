@@ -58,7 +58,7 @@ from aotpack.backends.cpu.toolchain import O2_MARK
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import ConvKernel
 from aotpack.ir.epilogues import CONV_EPILOGUES
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from aotpack.archive import layout
 from aotpack.errors import AotpackError
 from aotpack.ir.graph import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 from aotpack.backends.cpu.weights import pack_panels
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 #: Model ABI (AOTPACK_MODEL_ABI_VERSION_MAJOR/_MINOR in model_abi.h). The manifest's

@@ -39,7 +39,7 @@ from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import DepthwiseConvKernel
 from aotpack.ir.epilogues import DEPTHWISE_EPILOGUES
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 #: Bytes of one vector register the template computes in where the target has AVX (the
 #: template falls back to 16, SSE, without it; the workspace is sized for the wider one).

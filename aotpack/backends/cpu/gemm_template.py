@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import GemmKernel
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 #: Bytes of one vector register the template computes in where the target has AVX (the
 #: template falls back to 16, SSE, without it).

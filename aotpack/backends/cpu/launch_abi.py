@@ -1,4 +1,5 @@
-"""The kernel launch ABI from Python: ctypes mirrors of ``native/include/aotpack/kernel_abi.h``.
+"""The kernel launch ABI from Python: ctypes mirrors of ``native/include/aotpack/kernel_abi.h``,
+built from the same definition (``kernel_abi``).
 
 A kernel's ``wrapper.so`` loads its static ``kernel.so`` candidates and launches one by
 ``kernel_key`` with an ``AotpackKernelLaunch`` struct (device, stream, workspace, thread
@@ -20,17 +21,18 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
+from aotpack.backends.cpu import kernel_abi
 from aotpack.errors import AotpackError
 
 #: Kernel ABI this launcher speaks (AOTPACK_KERNEL_ABI_VERSION_MAJOR/_MINOR). MAJOR =
 #: incompatible layout or semantics change, refused on mismatch; MINOR = compatible additions.
-KERNEL_ABI_VERSION_MAJOR = 1
-KERNEL_ABI_VERSION_MINOR = 0
+KERNEL_ABI_VERSION_MAJOR = kernel_abi.VERSION_MAJOR
+KERNEL_ABI_VERSION_MINOR = kernel_abi.VERSION_MINOR
 KERNEL_ABI_VERSION = (KERNEL_ABI_VERSION_MAJOR << 16) | KERNEL_ABI_VERSION_MINOR
 #: Alignment in bytes of every workspace (AOTPACK_WORKSPACE_ALIGNMENT).
-WORKSPACE_ALIGNMENT = 64
+WORKSPACE_ALIGNMENT = kernel_abi.WORKSPACE_ALIGNMENT
 #: DLPack DLDeviceType code of the host CPU (AOTPACK_DEVICE_CPU, kDLCPU).
-DEVICE_CPU = 1
+DEVICE_CPU = next(m.c_type for m in kernel_abi.DEVICE_TYPE.members if m.name == "AOTPACK_DEVICE_CPU")
 
 
 class KernelLaunch(ctypes.Structure):
@@ -41,26 +43,13 @@ class KernelLaunch(ctypes.Structure):
     workspace_bytes, max_threads (0 = the tiling's block_dim, n > 0 = at most n threads).
     """
 
-    _fields_ = [
-        ("struct_size", ctypes.c_uint32),
-        ("device_type", ctypes.c_int32),
-        ("device_id", ctypes.c_int32),
-        ("stream", ctypes.c_void_p),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_uint64),
-        ("max_threads", ctypes.c_int32),
-    ]
+    _fields_ = kernel_abi.ctypes_fields(kernel_abi.KERNEL_LAUNCH)
 
 
 class TilingInfoStruct(ctypes.Structure):
     """``AotpackTilingInfo``: what a wrapper knows about one kernel_key (the caller sets struct_size)."""
 
-    _fields_ = [
-        ("struct_size", ctypes.c_uint32),
-        ("block_dim", ctypes.c_int32),
-        ("workspace_bytes", ctypes.c_uint64),
-        ("tiling_repr", ctypes.c_char_p),
-    ]
+    _fields_ = kernel_abi.ctypes_fields(kernel_abi.TILING_INFO)
 
 
 @dataclass(frozen=True)

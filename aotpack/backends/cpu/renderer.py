@@ -11,7 +11,7 @@ import math
 from aotpack.backends.cpu import reduce_loops, softmax_store
 from aotpack.backends.cpu.formulas import optional_helpers
 from aotpack.backends.cpu.kernel_writer import SIMDLEN_MARK, build_body, j_segments
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 from aotpack.ir.index import contiguous_strides
 from aotpack.ir.kernel import FusedKernel
 

@@ -29,7 +29,7 @@ from aotpack.backends.cpu.gemm_template import PARALLEL_MIN_FLOPS, VECTOR_BYTES,
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import WinogradConvKernel
 from aotpack.ir.epilogues import CONV_EPILOGUES
-from aotpack.codegen.render import render
+from aotpack.backends.cpu.templating import render
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 
 from aotpack.errors import AotpackError
-from aotpack.codegen.render import render as render_template
+from aotpack.backends.cpu.templating import render as render_template
 
 #: Size of the slot's map array (bytes, the terminating NUL included): 10 candidates take ~1.6 KB.
 MAP_BYTES = 4096
