@@ -15,7 +15,7 @@ import torch
 from aotpack import backends
 from aotpack.tune import autotune
 from aotpack.ir import gemm
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.lower import lowering
 from aotpack.tune import timing
 from aotpack.backends.cpu import attention_template
@@ -231,8 +231,8 @@ def _unfused_templates_win(functions):
 def _build_with_template(path, tmp_path, cache_dir, timing=_template_wins):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", timing)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         return build(path, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
 
 

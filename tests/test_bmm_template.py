@@ -13,7 +13,7 @@ import torch
 from aotpack import backends
 from aotpack.lower import attention_lowering
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.lower import lowering
 from aotpack.commands import report
 from aotpack.backends.cpu import bmm_template
@@ -199,8 +199,8 @@ def test_attention_bmms_become_steps_with_aten_and_template(unfused_attention):
 def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cache_dir, unfused_attention):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(ATTENTION, tmp_path, settings=Settings.from_env(topn=2, cache_dir=cache_dir))
     bmms = [g for g in result.manifest["gemms"] if g["kind"] == "bmm"]
     assert [g["winner"] for g in bmms] == ["template"] * 3
@@ -220,8 +220,8 @@ def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cach
 def test_transformer_block_with_the_template_matches_eager_natively(tmp_path, cache_dir, unfused_attention):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(SAMPLES / "transformer_block.py", tmp_path,
                        settings=Settings.from_env(topn=1, cache_dir=cache_dir))
     bmms = [g for g in result.manifest["gemms"] if g["kind"] == "bmm"]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from aotpack import backends
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.lower import gemm_match
 from aotpack.archive import layout
 from aotpack.archive import reader
@@ -344,8 +344,8 @@ def _onednn_wins(functions):
 def _build(tmp_path, cache_dir, timing):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", timing)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         return build(BLOCK, tmp_path, settings=Settings.from_env(topn=2, cache_dir=cache_dir))
 
 

@@ -11,7 +11,7 @@ import safetensors.torch
 import torch
 
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.archive import reader
 from aotpack.build import build
 from aotpack.config import Settings
@@ -38,8 +38,8 @@ def rotated(request, tmp_path_factory, cache_dir):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", fake_timings)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(ZOO, tmp_path_factory.mktemp("gemm"), settings=Settings.from_env(topn=1, cache_dir=cache_dir))
     return result
 
@@ -121,8 +121,8 @@ def test_extern_implementations_are_timed_with_the_device_limit_threads(tmp_path
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(autotune, "time_functions", recording_timings)
-            patch.setattr(gemm_cache, "read_all", lambda *args: {})
-            patch.setattr(gemm_cache, "write_all", lambda *args: None)
+            patch.setattr(choice_cache, "read_all", lambda *args: {})
+            patch.setattr(choice_cache, "write_all", lambda *args: None)
             build(model, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir, device_limit=1))
         assert seen and set(seen) == {1}
         assert torch.get_num_threads() == 3
@@ -163,8 +163,8 @@ def test_twin_steps_and_a_repeated_kernel_are_timed_once_per_input_set(tmp_path,
 
     monkeypatch.setattr(autotune, "time_functions", fake_time_functions)
     monkeypatch.setattr(autotune, "time_candidates", counting_time_candidates)
-    monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
-    monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
+    monkeypatch.setattr(choice_cache, "read_all", lambda *args: {})
+    monkeypatch.setattr(choice_cache, "write_all", lambda *args: None)
     result = build(REPEATED, tmp_path / "out", settings=Settings.from_env(topn=2, cache_dir=cache_dir))
     assert len(steps_timed) == 4  # (layer, head) x (example, calibration)
     gemms = result.manifest["gemms"]
@@ -189,8 +189,8 @@ def test_packed_constants_from_one_source_keep_their_own_values(tmp_path, cache_
         return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
 
     monkeypatch.setattr(autotune, "time_functions", template_wins)
-    monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
-    monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
+    monkeypatch.setattr(choice_cache, "read_all", lambda *args: {})
+    monkeypatch.setattr(choice_cache, "write_all", lambda *args: None)
     result = build(SHARED_CONSTANTS, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
     assert [g["winner"] for g in result.manifest["gemms"]] == ["template"] * 4
     assert_native_parity(result.archive, SHARED_CONSTANTS, tmp_path, atol=1e-5, rtol=1e-4)

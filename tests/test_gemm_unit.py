@@ -71,7 +71,7 @@ def test_forced_variants_match_eager(zoo, plain):
     for step in _steps(graph):
         names = [v.name for v in step.variants]
         want = plain if plain in names and (plain == "onednn" or step.epilogue == "none") else "onednn"
-        choices[step.key] = Choice(names.index(want), (), True, False)
+        choices[step.choice_id] = Choice(names.index(want), (), True, False)
     resolved = gemm.resolve(graph, choices)
     assert not _steps(resolved)
     ops = {s.op for s in resolved.steps if isinstance(s, ExternCall)}
@@ -126,7 +126,7 @@ def test_epilogue_with_another_reader_or_other_form_is_not_folded(tmp_path):
     path.write_text(SHARED)
     graph = lower(export_model(load_model_file(path)), backends.get("cpu").dtypes)
     assert [s.epilogue for s in _steps(graph)] == ["none", "none"]  # tanh-GELU is not oneDNN's erf GELU
-    choices = {s.key: Choice([v.name for v in s.variants].index("onednn"), (), True, False) for s in _steps(graph)}
+    choices = {s.choice_id: Choice([v.name for v in s.variants].index("onednn"), (), True, False) for s in _steps(graph)}
     assert len(gemm.resolve(graph, choices).kernels) == 2  # relu and the tanh GELU stay aotpack kernels
 
 
@@ -148,7 +148,7 @@ def test_manifest_entries_and_inspect_table(zoo):
     graph, _, _ = zoo
     step = _steps(graph)[0]
     timings = (30.0, 20.0, 10.0, 40.0)[:len(step.variants)]
-    choices = {step.key: Choice(2, timings, True, False)}
+    choices = {step.choice_id: Choice(2, timings, True, False)}
     entries = gemm.manifest_entries(graph, choices)
     assert entries[0] == {"name": step.name, "kind": "linear", "shape": "7x13x5", "epilogue": "relu",
                           "candidates": [v.name for v in step.variants], "winner": step.variants[2].name,
@@ -164,32 +164,32 @@ def test_manifest_entries_and_inspect_table(zoo):
 
 
 def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):
-    from aotpack.tune import gemm_cache
+    from aotpack.tune import choice_cache
 
     graph, _, _ = zoo
     steps = _steps(graph)
-    choices = {steps[0].key: Choice(2, (3.0, 2.0, 1.0), True, False),
-               steps[1].key: Choice(0, (1.0, 2.0, 3.0), True, True)}  # cached: not written again
-    gemm_cache.write_all(tmp_path, graph, choices, 2)
-    found = gemm_cache.read_all(tmp_path, graph, 2)
-    assert list(found) == [steps[0].key]
-    assert found[steps[0].key].kernel_key == steps[0].variants[2].name
-    assert found[steps[0].key].timings_us == (3.0, 2.0, 1.0)
-    assert gemm_cache.read_all(tmp_path, graph, 1) == {}  # another device limit: timed again
+    choices = {steps[0].choice_id: Choice(2, (3.0, 2.0, 1.0), True, False),
+               steps[1].choice_id: Choice(0, (1.0, 2.0, 3.0), True, True)}  # cached: not written again
+    choice_cache.write_all(tmp_path, steps, choices, 2)
+    found = choice_cache.read_all(tmp_path, steps, 2)
+    assert list(found) == [steps[0].choice_id]
+    assert found[steps[0].choice_id].candidate == steps[0].variants[2].name
+    assert found[steps[0].choice_id].timings_us == (3.0, 2.0, 1.0)
+    assert choice_cache.read_all(tmp_path, steps, 1) == {}  # another device limit: timed again
     # a kernel a variant launches compiles differently (template, solver, toolchain): timed again
     template_kernels = {s.kernel.kernel_id for v in steps[0].variants for s in v.steps if hasattr(s, "kernel")}
     assert template_kernels
-    assert gemm_cache.read_all(tmp_path, graph, 2, {kid: "changed" for kid in template_kernels}) == {}
+    assert choice_cache.read_all(tmp_path, steps, 2, {kid: "changed" for kid in template_kernels}) == {}
     (record,) = tmp_path.iterdir()
     record.write_text("{not json")
-    assert gemm_cache.read_all(tmp_path, graph, 2) == {}
+    assert choice_cache.read_all(tmp_path, steps, 2) == {}
 
 
 def test_identical_gemm_steps_are_twins_of_the_first():
     """The three linear + tanh layers do the same work on their own weights: one key; the
     head (another shape) and every step of the zoo (all different) are their own."""
     graph = lower(export_model(load_model_file(REPEATED)), backends.get("cpu").dtypes)
-    keys = [s.key for s in _steps(graph)]
+    keys = [s.choice_id for s in _steps(graph)]
     assert [s.epilogue for s in _steps(graph)] == ["tanh", "tanh", "tanh", "none"]
     assert gemm_twins(graph) == {keys[0]: keys[0], keys[1]: keys[0], keys[2]: keys[0], keys[3]: keys[3]}
 
@@ -297,7 +297,7 @@ def test_a_template_tiling_estimated_far_behind_the_best_is_not_compiled(tmp_pat
     off = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="0", device_limit="2")
     assert candidates.shortlist(winograd, cpu, limits, off) == tuple(space)
     # a winner recorded by a build without the shortcut is still replayed (--tuning-from)
-    recorded = replay.RecordedWinner(space[1].kernel_key, space[1].tiling_repr, (1.0,))
+    recorded = replay.RecordedWinner(space[1].kernel_key, (1.0,))
     replayed = candidates.prepare(graph, cpu, settings, {winograd.kernel_id: recorded})
     assert replayed[winograd.kernel_id].candidates == (space[1],)
     assert cpu.ranks_tilings(winograd)
