@@ -247,7 +247,6 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
                 on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured,
                 recorded=recorded)
             choice_cache.write_all(records, steps, choices, settings.device_limit, versions)
-        gemm_entries = gemm.manifest_entries(graph, choices)
         graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
         used = {k.kernel_id for k in graph.kernels}
         sets = {kid: cs for kid, cs in sets.items() if kid in used}
@@ -276,9 +275,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         files.update(verify.selftest_files(model_file.example_inputs, reference, output_names))
     manifest = package.manifest(
         name=name, version=version, backend=backend, target=target, settings=settings, graph=graph,
-        output_names=output_names, kernels=package.kernel_entries(sets, choices), weight_aliases=stored.aliases)
-    if gemm_entries:
-        manifest["gemms"] = gemm_entries
+        output_names=output_names, kernels=package.kernel_entries(sets, choices), weight_aliases=stored.aliases,
+        choices=package.choice_entries([*sets.values(), *steps], choices))
     if replayed is not None:
         manifest["tuning_from"] = {"archive": Path(settings.tuning_from).name,
                                    "replayed": sum(1 for kid in sets if kid in replayed)}

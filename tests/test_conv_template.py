@@ -352,7 +352,7 @@ def _build(tmp_path, cache_dir, timing):
 @pytest.mark.native
 def test_template_block_folds_batch_norm_and_ships_panels_only(tmp_path, cache_dir):
     result = _build(tmp_path, cache_dir, _last_variant_wins)
-    gemms = result.manifest["gemms"]
+    gemms = [c for c in result.manifest["choices"] if c["kind"] != "kernel"]
     assert [(g["epilogue"], g["winner"]) for g in gemms] == [
         ("relu", "template"), ("relu", "template"), ("none", "template"), ("add_relu", "template"),
         ("sigmoid", "template")]
@@ -371,7 +371,7 @@ def test_template_block_folds_batch_norm_and_ships_panels_only(tmp_path, cache_d
 @pytest.mark.native
 def test_onednn_block_fuses_the_folded_bias_residual_and_relu_as_post_ops(tmp_path, cache_dir):
     result = _build(tmp_path, cache_dir, _onednn_wins)
-    assert {g["winner"] for g in result.manifest["gemms"]} == {"onednn"}
+    assert {g["winner"] for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"]} == {"onednn"}
     source = reader.read_all(result.archive)[layout.MODEL_SOURCE_PATH].decode()
     assert source.count('"mkldnn::_convolution_pointwise", "binary"') == 1  # the residual add + ReLU
     assert not result.manifest["kernels"]  # no epilogue kernel: every epilogue is a post-op

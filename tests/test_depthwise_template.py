@@ -249,7 +249,7 @@ def test_template_wins_every_depthwise_conv_of_a_model_and_matches_eager(tmp_pat
         patch.setattr(choice_cache, "read_all", lambda *args: {})
         patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(ZOO, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
-    gemms = result.manifest["gemms"]
+    gemms = [c for c in result.manifest["choices"] if c["kind"] != "kernel"]
     assert [g["epilogue"] for g in gemms] == ["relu", "hardswish", "hardsigmoid", "sigmoid", "swish", "none",
                                               "relu", "hardswish"]
     assert all(g["candidates"] == ["onednn", "template"] and g["winner"] == "template" for g in gemms)

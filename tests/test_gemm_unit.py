@@ -144,23 +144,27 @@ def test_a_conv_with_aotpack_kernels_drops_the_aten_variant_and_its_epilogue_ker
     counts = {kid: len(cs.candidates) for kid, cs in sets.items()}
     assert len(counts) == 12 and all(n > 1 for n in counts.values()), counts  # 5 epilogues, 7 templates
 
-def test_manifest_entries_and_inspect_table(zoo):
+def test_manifest_choice_entries_and_inspect_table(zoo):
+    from aotpack.archive.writer import choice_entries
+
     graph, _, _ = zoo
     step = _steps(graph)[0]
     timings = (30.0, 20.0, 10.0, 40.0)[:len(step.variants)]
-    choices = {step.choice_id: Choice(2, timings, True, False)}
-    entries = gemm.manifest_entries(graph, choices)
-    assert entries[0] == {"name": step.name, "kind": "linear", "shape": "7x13x5", "epilogue": "relu",
-                          "candidates": [v.name for v in step.variants], "winner": step.variants[2].name,
-                          "timings_us": list(timings), "visited": True}
-    assert entries[1]["timings_us"] == [] and entries[1]["winner"] == "aten" and not entries[1]["visited"]
-    rows = report.gemm_rows(entries[:1])
+    choices = {step.choice_id: Choice(2, timings, True, False, True)}
     names = [v.name for v in step.variants]
-    assert rows[0]["candidates"] == " ".join(f"{n}={t:.1f}us" for n, t in zip(names, timings))
-    lines = report.text_lines({"kernels": [], "distinct_kernels": 0, "launch_sites": 0, "extern_calls": None,
-                               "gemms": rows})
-    assert lines[1] == "  1 GEMM/conv step (implementations timed by PGO):"
-    assert "relu" in lines[3] and step.variants[2].name in lines[3]
+    entries = choice_entries(_steps(graph), choices)
+    assert entries[0] == {"id": step.choice_id, "name": step.name, "kind": "linear", "shape": "7x13x5",
+                          "epilogue": "relu", "candidates": names, "labels": names, "winner": names[2],
+                          "timings_us": list(timings), "visited": True, "timing_contended": True}
+    assert entries[1]["timings_us"] == [] and entries[1]["winner"] == "aten" and not entries[1]["visited"]
+    rows = report.choice_rows(entries[:1])
+    assert rows == [{"choice": step.name, "kind": "linear", "shape": "7x13x5+relu", "winner": names[2],
+                     "candidates": len(names), "best_us": 10.0, "worst_us": max(timings), "visited": True,
+                     "timing": "contended"}]
+    lines = report.text_lines({"choices": rows, "distinct_kernels": 0, "launch_sites": 0, "extern_calls": None})
+    assert lines[1] == "  1 choice point (candidates timed by PGO):"
+    assert lines[3].split()[:4] == [step.name, "linear", "7x13x5+relu", names[2]]
+    assert lines[4].startswith("  timing contended for 1 choice point ")
 
 
 def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):

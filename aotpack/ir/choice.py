@@ -48,6 +48,14 @@ class ChoicePoint:
         """One tie-break rank per candidate for ``timing.decide``."""
         raise NotImplementedError
 
+    def candidate_labels(self) -> list[str]:
+        """The candidates as a person reads them (a kernel's tilings); the names by default."""
+        return self.candidate_names()
+
+    def details(self) -> dict:
+        """Fields the manifest's choice entry adds (a step's ``shape`` and ``epilogue``)."""
+        return {}
+
     def pick(self, name: str) -> int | None:
         """The index of the candidate called ``name``, or None when it is not offered."""
         names = self.candidate_names()

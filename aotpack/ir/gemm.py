@@ -135,6 +135,10 @@ class GemmStep(ChoiceStep):
                     lines.append(f"  kernel {s.kernel.kernel_id} {(kernel_versions or {}).get(s.kernel.kernel_id, '')}")
         return "\n".join(lines)
 
+    def details(self) -> dict:
+        """``shape`` and ``epilogue`` for the manifest's choice entry."""
+        return {"shape": self.shape, "epilogue": self.epilogue}
+
     def summary(self) -> str:
         """``gemm NAME KIND SHAPE +EPILOGUE [variants]`` (``Graph.dump``)."""
         return f"gemm {self.name} {self.kind} {self.shape} +{self.epilogue} [{', '.join(v.name for v in self.variants)}]"
@@ -221,19 +225,3 @@ def _chosen_panels(graph, choices: dict) -> list[tuple]:
     for step in gemm_steps(graph):
         found.extend(step.variants[_index(step, choices)].panels)
     return found
-
-
-def manifest_entries(graph, choices: dict) -> list[dict]:
-    """The manifest's ``gemms``: per GEMM/conv step its candidates, timings (us, empty
-    when not timed) and winner, like a kernel's entry."""
-    entries = []
-    for step in gemm_steps(graph):
-        choice = choices.get(step.choice_id)
-        index = choice.index if choice else 0
-        entries.append({
-            "name": step.name, "kind": step.kind, "shape": step.shape, "epilogue": step.epilogue,
-            "candidates": [v.name for v in step.variants], "winner": step.variants[index].name,
-            "timings_us": [round(t, 3) for t in (choice.timings_us if choice else ())],
-            "visited": bool(choice and choice.visited),
-        })
-    return entries

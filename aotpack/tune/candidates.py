@@ -74,6 +74,10 @@ class CandidateSet(ChoicePoint):
         """Each candidate's ``kernel_key`` (``tiling_repr|workspace|block_dim``)."""
         return [c.kernel_key for c in self.candidates]
 
+    def candidate_labels(self) -> list[str]:
+        """Each candidate's ``tiling_repr``."""
+        return [c.tiling_repr for c in self.candidates]
+
     def ranks(self) -> list[int]:
         """Each candidate's threads: a close call goes to fewer."""
         return [c.block_dim for c in self.candidates]

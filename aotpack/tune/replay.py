@@ -46,6 +46,7 @@ def choice_entries(manifest: dict) -> list[dict]:
         if isinstance(k, dict):
             entries.append({"id": k.get("kernel_id"), "kind": "kernel", "name": k.get("name"),
                             "candidates": k.get("candidate_tilings") or [], "winner": k.get("kernel_key"),
+                            "winner_label": k.get("tiling_repr"),
                             "timings_us": k.get("timings_us") or [], "visited": k.get("visited", True),
                             "timing_contended": k.get("timing_contended")})
     for g in manifest.get("gemms") or []:
