@@ -32,7 +32,7 @@ from aotpack.archive import writer as package
 from aotpack import leftovers
 from aotpack.commands import debug_artifacts
 from aotpack.ir import gemm
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.runtime import parity
 from aotpack.tune import replay
 from aotpack.runtime import native as runtime
@@ -42,7 +42,6 @@ from aotpack.archive import weights
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
 from aotpack.frontend.export import check_version, export_model, load_model
-from aotpack.ir.graph import walk_steps
 from aotpack.lower.lowering import lower
 from aotpack.commands.progress import BuildProgress
 
@@ -218,7 +217,7 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
             graph = lower(ep, backend)
         except AotpackError as exc:
             raise AotpackError(f"{model_file.path}: {exc}") from None
-    choice_steps = sum(1 for step in walk_steps(graph.steps) if isinstance(step, gemm.GemmStep))
+    choice_steps = len(gemm.gemm_steps(graph))
     # Counted before PGO picks each GEMM/conv step's implementation: the kernels of every
     # template variant are in it; the final line counts what the archive launches.
     log.info("lowered %s: %d fused kernel launches of %d distinct kernels (counting every candidate "
@@ -238,17 +237,17 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         with progress.phase("autotune", "autotuning on the real inputs (PGO)"), \
                 autotune.extern_threads(backend, settings.device_limit):
             captured = {} if settings.debug_dir else None
-            gemm_root = settings.cache_dir / backend.name / "gemm"
-            versions = gemm_cache.kernel_versions(sets, toolchain.fingerprint())
+            records = settings.cache_dir / backend.name / "choices"
+            steps = gemm.gemm_steps(graph)
+            versions = choice_cache.kernel_versions(sets, toolchain.fingerprint())
             device_key = backend.device().tuning_key(settings.device_limit)  # inside extern_threads: its count
-            recorded = {} if settings.retune else gemm_cache.read_all(gemm_root, graph, device_key, versions)
+            recorded = {} if settings.retune else choice_cache.read_all(records, steps, device_key, versions)
             recorded.update(replayed or {})
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
                 on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured,
                 recorded=recorded)
-            gemm_cache.write_all(gemm_root, graph, choices, device_key, versions)
-        gemm_entries = gemm.manifest_entries(graph, choices)
+            choice_cache.write_all(records, steps, choices, device_key, versions)
         graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
         used = {k.kernel_id for k in graph.kernels}
         sets = {kid: cs for kid, cs in sets.items() if kid in used}
@@ -277,9 +276,8 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
         files.update(verify.selftest_files(model_file.example_inputs, reference, output_names))
     manifest = package.manifest(
         name=name, version=version, backend=backend, target=target, settings=settings, graph=graph,
-        output_names=output_names, kernels=package.kernel_entries(sets, choices), weight_aliases=stored.aliases)
-    if gemm_entries:
-        manifest["gemms"] = gemm_entries
+        output_names=output_names, kernels=package.kernel_entries(sets, choices), weight_aliases=stored.aliases,
+        choices=package.choice_entries([*sets.values(), *steps], choices))
     if replayed is not None:
         manifest["tuning_from"] = {"archive": Path(settings.tuning_from).name,
                                    "replayed": sum(1 for kid in sets if kid in replayed)}

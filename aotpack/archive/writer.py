@@ -80,14 +80,39 @@ def kernel_entries(candidate_sets: dict, choices: dict) -> list[dict]:
     return entries
 
 
+def choice_entries(points: list, choices: dict) -> list[dict]:
+    """The manifest's ``choices``: per choice point (``ir.choice``: a shipped kernel, a
+    GEMM/conv step) its id, kind, candidates by name, the winner's name, timings (us, empty
+    when not timed) and whether the inputs reached it and its timing was contended.
+
+    Args:
+        points: the choice points, in order. choices: ``choice id -> autotune.Choice``
+            (a point without one used candidate 0, untimed).
+    """
+    entries = []
+    for point in points:
+        choice = choices.get(point.choice_id)
+        names = point.candidate_names()
+        index = choice.index if choice else 0
+        entries.append({
+            "id": point.choice_id, "kind": point.choice_kind, "name": point.label, **point.details(),
+            "candidates": names, "labels": point.candidate_labels(), "winner": names[index],
+            "timings_us": [round(t, 3) for t in (choice.timings_us if choice else ())],
+            "visited": bool(choice and choice.visited), "timing_contended": bool(choice and choice.contended),
+        })
+    return entries
+
+
 def manifest(name: str, version: str, backend, target: dict, settings, graph, output_names: list[str],
-             kernels: list[dict], weight_aliases: dict[str, str] | None = None) -> dict:
+             kernels: list[dict], weight_aliases: dict[str, str] | None = None,
+             choices: list[dict] | None = None) -> dict:
     """Every manifest key but ``files`` (``write_archive`` adds the file table).
 
     Format: docs/archive.md. ``target`` is the backend's target description
     (``Backend.target``), recorded under the keys ``Backend.manifest_target`` names.
     ``weight_aliases``: constant name -> the name its bytes are stored under in the
-    weights file (``aotpack.archive.weights.WeightPlan.aliases``).
+    weights file (``aotpack.archive.weights.WeightPlan.aliases``). ``choices``: every
+    choice point's winner (``choice_entries``).
     """
     import torch
 
@@ -106,6 +131,7 @@ def manifest(name: str, version: str, backend, target: dict, settings, graph, ou
         "mutated_buffers": graph.mutated_buffers,
         "mutated_inputs": graph.mutated_inputs,
         "kernels": kernels,
+        "choices": choices or [],
     }
 
 

@@ -5,7 +5,9 @@ Each distinct kernel's winner is fixed by now; the backend renders the host sour
 """
 from __future__ import annotations
 
-from aotpack.ir import gemm
+from aotpack.errors import AotpackError
+from aotpack.ir.choice import ChoiceStep
+from aotpack.ir.graph import walk_steps
 
 
 def winners(candidate_sets: dict, choices: dict) -> list:
@@ -14,14 +16,16 @@ def winners(candidate_sets: dict, choices: dict) -> list:
 
 
 def generate(graph, backend, candidate_sets: dict, choices: dict, meta: dict) -> str:
-    """The model's host source for ``graph`` with the chosen candidates.
+    """The model's host source for the resolved ``graph`` (``gemm.resolve``: no choice
+    steps left) with the chosen candidates.
 
     Args:
         candidate_sets: ``kernel_id -> CandidateSet`` (``candidates.prepare``).
         choices: ``kernel_id -> Choice`` (``autotune.tune``).
         meta: name, version, aotpack_version, device_limit.
     """
-    graph = gemm.resolve(graph, choices)  # a no-op after build resolved it
+    if any(isinstance(step, ChoiceStep) for step in walk_steps(graph.steps)):
+        raise AotpackError("internal error: codegen got a graph with choice steps left (resolve it first)")
     used = {k.kernel_id for k in graph.kernels}
     sets = {kid: cs for kid, cs in candidate_sets.items() if kid in used}
     return backend.generate_model(graph, winners(sets, choices), meta)

@@ -6,6 +6,8 @@ Compared, from the manifests and the archives' contents:
 - signature: inputs and outputs (name, dtype, shape, strides);
 - kernels: added / removed (by name), and for kernels in both the winner's
   ``kernel_key``, ``tiling_repr``, ``block_dim`` and ``workspace``;
+- steps: the GEMM/conv steps (choice points other than kernels, by name) whose winning
+  implementation differs;
 - weights: tensors added / removed / changed, by a sha256 of each tensor's dtype, shape
   and bytes in ``weights/weights.safetensors``;
 - files: entries added / removed / changed by the manifest's sha256 (the model library, kernels).
@@ -24,6 +26,7 @@ import safetensors
 from aotpack.errors import AotpackError
 from aotpack.archive.layout import WEIGHTS_PATH as WEIGHTS
 from aotpack.archive.writer import read_manifest, read_members
+from aotpack.tune.replay import choice_entries
 
 METADATA = ("name", "version", "aotpack_version", "torch_version", "backend", "target_isa", "device_limit")
 WINNER_FIELDS = ("kernel_key", "tiling_repr", "block_dim", "workspace")
@@ -97,11 +100,19 @@ def compare(a_path: str | Path, b_path: str | Path) -> dict:
              "entries": [sum(e["size"] for e in ma["files"].values()),
                          sum(e["size"] for e in mb["files"].values())]}
     kernels = {"added": sorted(set(kb) - set(ka)), "removed": sorted(set(ka) - set(kb)), "changed": changed}
-    same = not (metadata or signature or kernels["added"] or kernels["removed"] or changed
+    steps = _step_winners(ma, mb)
+    same = not (metadata or signature or kernels["added"] or kernels["removed"] or changed or steps
                 or any(weights.values()) or any(files.values()))
     return {"same": same, "a": str(a_path), "b": str(b_path), "metadata": metadata,
-            "signature": signature, "kernels": kernels, "weights": weights, "files": files,
+            "signature": signature, "kernels": kernels, "steps": steps, "weights": weights, "files": files,
             "timings": timings, "sizes": sizes}
+
+
+def _step_winners(ma: dict, mb: dict) -> list[dict]:
+    """``[{"name", "winner": [a, b]}]`` of the steps in both archives whose winner differs."""
+    sa, sb = ({c.get("name"): c.get("winner") for c in choice_entries(m) if c.get("kind") != "kernel"}
+              for m in (ma, mb))
+    return [{"name": name, "winner": [sa[name], sb[name]]} for name in sa if name in sb and sa[name] != sb[name]]
 
 
 def _spec(entry: dict) -> str:
@@ -127,6 +138,8 @@ def report(result: dict) -> list[str]:
     for change in kernels["changed"]:
         fields = ", ".join(f"{f} {change[f][0]!r} -> {change[f][1]!r}" for f in WINNER_FIELDS if f in change)
         lines.append(f"winner {change['name']}: {fields}")
+    for change in result["steps"]:
+        lines.append(f"step {change['name']}: winner {change['winner'][0]!r} -> {change['winner'][1]!r}")
     for group in ("weights", "files"):
         for word in ("added", "removed", "changed"):
             if result[group][word]:

@@ -1,5 +1,5 @@
-"""What ``aotpack inspect`` derives from an archive: the per-kernel autotune table (from
-the manifest's ``kernels``), the extern calls that were not fused and the launch sites
+"""What ``aotpack inspect`` derives from an archive: the autotune table of every choice
+point (the manifest's ``choices``: kernels' tilings, GEMM/conv steps' implementations), the extern calls that were not fused and the launch sites
 (from ``model/kernels.ir``, the graph's steps as text, ``ir.Graph.dump``).
 """
 from __future__ import annotations
@@ -7,12 +7,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-#: Columns of the kernel table, in order (the keys of :func:`kernel_rows`' rows).
-KERNEL_COLUMNS = ("kernel", "kernel_id", "block_dim", "tiling_repr", "candidates", "best_us", "worst_us",
-                  "visited", "timing")
-#: Columns of the GEMM/conv table (the manifest's ``gemms``): implementations and their times.
-GEMM_COLUMNS = ("gemm", "kind", "shape", "epilogue", "winner", "candidates", "visited")
-KERNEL_ID_CHARS = 12
+from aotpack.tune.replay import choice_entries
+
+#: Columns of the choice table, in order (the keys of :func:`choice_rows`' rows): every
+#: kernel's tiling and every GEMM/conv step's implementation PGO chose.
+CHOICE_COLUMNS = ("choice", "kind", "shape", "winner", "candidates", "best_us", "worst_us", "visited", "timing")
 _BRANCH = re.compile(r"^(?:(?:then|else)\s+)*")
 _HEADER = re.compile(r"(\d+) kernel launches of \d+ distinct kernels")
 
@@ -46,54 +45,41 @@ def launch_sites(kernel_ir: str) -> int:
     return sum(1 for line in step_lines(kernel_ir) if line.startswith("launch "))
 
 
-def kernel_rows(kernels: list[dict]) -> list[dict]:
-    """One row per distinct kernel of the manifest's ``kernels``: ``KERNEL_COLUMNS``, times
-    in microseconds (None when the kernel was not timed: one candidate, or unvisited).
-    ``timing``: ``contended`` (other processes took the CPU while it was timed: the
-    manifest's ``timing_contended``), ``ok``, or None (not timed, or an archive from an
-    aotpack that did not record it)."""
-    rows = []
-    for k in kernels:
-        timings = [t for t in k.get("timings_us") or [] if isinstance(t, (int, float))]
-        rows.append({"kernel": k.get("name"), "kernel_id": str(k.get("kernel_id", ""))[:KERNEL_ID_CHARS],
-                     "block_dim": k.get("block_dim"), "tiling_repr": k.get("tiling_repr"),
-                     "candidates": k.get("candidates"), "best_us": min(timings) if timings else None,
-                     "worst_us": max(timings) if timings else None, "visited": bool(k.get("visited", True)),
-                     "timing": _timing_state(k, bool(timings))})
-    return rows
-
-
-def _timing_state(kernel: dict, timed: bool) -> str | None:
-    contended = kernel.get("timing_contended")
+def _timing_state(entry: dict, timed: bool) -> str | None:
+    contended = entry.get("timing_contended")
     if not timed or not isinstance(contended, bool):
         return None
     return "contended" if contended else "ok"
 
 
-def gemm_rows(gemms: list[dict]) -> list[dict]:
-    """One row per GEMM/conv step of the manifest's ``gemms``: ``GEMM_COLUMNS``, with
-    ``candidates`` as ``name=us`` per implementation (``name`` alone when not timed)."""
+def choice_rows(entries: list[dict]) -> list[dict]:
+    """One row per choice point (``replay.choice_entries``: the manifest's ``choices``, or an
+    older manifest's ``kernels`` and ``gemms``): ``CHOICE_COLUMNS``, times in microseconds
+    (None when not timed: one candidate, unvisited, or replayed). ``shape``: a step's shape
+    and epilogue (``-`` for a kernel); ``winner``: the winning candidate as a person reads it
+    (a kernel's tiling); ``timing``: ``contended`` (other processes took the CPU while it
+    was timed), ``ok``, or None (not timed, or an archive that did not record it)."""
     rows = []
-    for g in gemms:
-        names = [str(n) for n in g.get("candidates") or []]
-        timings = list(g.get("timings_us") or [])
-        cells = [f"{n}={t:.1f}us" if i < len(timings) and isinstance(t := timings[i], (int, float)) else n
-                 for i, n in enumerate(names)]
-        rows.append({"gemm": g.get("name"), "kind": g.get("kind"), "shape": g.get("shape"),
-                     "epilogue": g.get("epilogue"), "winner": g.get("winner"), "candidates": " ".join(cells),
-                     "visited": bool(g.get("visited", True))})
+    for c in entries:
+        timings = [t for t in c.get("timings_us") or [] if isinstance(t, (int, float))]
+        names, labels = list(c.get("candidates") or []), list(c.get("labels") or c.get("candidates") or [])
+        winner = c.get("winner")
+        label = labels[names.index(winner)] if winner in names and len(labels) == len(names) else None
+        shape = f"{c['shape']}+{c.get('epilogue', 'none')}" if c.get("shape") else "-"
+        rows.append({"choice": c.get("name"), "kind": c.get("kind"), "shape": shape,
+                     "winner": label or c.get("winner_label") or winner, "candidates": len(names),
+                     "best_us": min(timings) if timings else None, "worst_us": max(timings) if timings else None,
+                     "visited": bool(c.get("visited", True)), "timing": _timing_state(c, bool(timings))})
     return rows
 
 
 def build_report(manifest: dict, kernel_ir: str | None) -> dict:
-    """The derived tables of ``inspect --json``'s ``report`` key: ``kernels`` (rows),
-    ``distinct_kernels``, ``launch_sites`` and ``extern_calls`` (None without a kernels.ir:
-    an archive from an older aotpack)."""
+    """The derived tables of ``inspect --json``'s ``report`` key: ``choices`` (rows, every
+    kernel and GEMM/conv step), ``distinct_kernels``, ``launch_sites`` and ``extern_calls``
+    (None without a kernels.ir: an archive from an older aotpack)."""
     kernels = manifest.get("kernels")
     kernels = kernels if isinstance(kernels, list) and all(isinstance(k, dict) for k in kernels) else []
-    gemms = manifest.get("gemms")
-    gemms = gemms if isinstance(gemms, list) and all(isinstance(g, dict) for g in gemms) else []
-    return {"kernels": kernel_rows(kernels), "distinct_kernels": len(kernels), "gemms": gemm_rows(gemms),
+    return {"choices": choice_rows(choice_entries(manifest)), "distinct_kernels": len(kernels),
             "launch_sites": launch_sites(kernel_ir) if kernel_ir is not None else None,
             "extern_calls": extern_calls(kernel_ir) if kernel_ir is not None else None}
 
@@ -129,18 +115,17 @@ def kernel_summary(report: dict) -> str:
 
 
 def text_lines(report: dict) -> list[str]:
-    """The human-readable report: summary, kernel table, extern calls."""
-    lines = [f"  {kernel_summary(report)}:" if report["kernels"] else f"  {kernel_summary(report)}"]
-    if report["kernels"]:
-        lines += table(report["kernels"], KERNEL_COLUMNS)
-        contended = [row["kernel"] for row in report["kernels"] if row["timing"] == "contended"]
+    """The human-readable report: summary, choice table, extern calls."""
+    rows = report["choices"]
+    lines = [f"  {kernel_summary(report)}"]
+    if rows:
+        lines.append(f"  {_count(len(rows), 'choice point')} (candidates timed by PGO):")
+        lines += table(rows, CHOICE_COLUMNS)
+        contended = [row["choice"] for row in rows if row["timing"] == "contended"]
         if contended:
-            lines.append(f"  timing contended for {_count(len(contended), 'kernel')} (other processes took the "
-                         "CPU while they were timed; the choice may differ on an idle machine: rebuild with "
+            lines.append(f"  timing contended for {_count(len(contended), 'choice point')} (other processes took "
+                         "the CPU while they were timed; the choice may differ on an idle machine: rebuild with "
                          "--retune)")
-    if report.get("gemms"):
-        lines.append(f"  {_count(len(report['gemms']), 'GEMM/conv step')} (implementations timed by PGO):")
-        lines += table(report["gemms"], GEMM_COLUMNS)
     externs = report["extern_calls"]
     if externs:
         total = sum(e["count"] for e in externs)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from aotpack.ir.choice import ChoiceStep
 from aotpack.ir.graph import Buffer, CondStep, ExternArg, ExternCall, KernelCall, walk_steps
 
 
@@ -78,12 +79,13 @@ class GemmVariant:
 
 
 @dataclass(eq=False)
-class GemmStep:
+class GemmStep(ChoiceStep):
     """A linear/conv2d with its epilogue, or a bmm, implemented by one of ``variants`` (0 = ATen;
-    oneDNN for a convolution that offers aotpack kernels, see ``gemm_lowering``).
+    oneDNN for a convolution that offers aotpack kernels, see ``gemm_lowering``): a choice
+    point (``ir.choice``) whose candidates are the variants, by name.
 
-    ``key`` names the step in the tuning choices (``gemm:<name>``); ``shape`` describes
-    it (``MxKxN`` for a linear, ``NCHW->KCRS`` for a conv, ``BxMxKxN`` for a bmm).
+    ``choice_id`` is ``gemm:<name>``; ``shape`` describes it (``MxKxN`` for a linear,
+    ``NCHW->KCRS`` for a conv, ``BxMxKxN`` for a bmm).
     """
 
     name: str
@@ -97,9 +99,48 @@ class GemmStep:
     replaced: tuple = ()
 
     @property
-    def key(self) -> str:
-        """The step's key in ``autotune.tune``'s choices."""
+    def choice_id(self) -> str:
+        """The step's id among the build's choice points."""
         return f"gemm:{self.name}"
+
+    @property
+    def choice_kind(self) -> str:
+        """The step's kind (``linear``, ``conv2d``, ``bmm``, ``attention``)."""
+        return self.kind
+
+    @property
+    def label(self) -> str:
+        """The step's name."""
+        return self.name
+
+    def alternatives(self) -> list[tuple[str, list]]:
+        """``(variant name, steps)`` per variant."""
+        return [(v.name, v.steps) for v in self.variants]
+
+    def ranks(self) -> list[int]:
+        """``OWN_KERNEL_RANKS`` per variant: a close call goes to aotpack's own kernels."""
+        return [OWN_KERNEL_RANKS.get(v.name, len(OWN_KERNEL_RANKS)) for v in self.variants]
+
+    def signature(self, kernel_versions: dict | None = None) -> str:
+        """Text of what the variants run (no buffer names): equal text, equal timings.
+        ``kernel_versions``: kernel_id -> a digest of what compiles it (``choice_cache.kernel_versions``)."""
+        lines = [f"{self.kind} {self.shape} {self.epilogue}"]
+        for variant in self.variants:
+            lines.append(f"variant {variant.name}")
+            for s in variant.steps:
+                if isinstance(s, ExternCall):
+                    lines.append(f"  {s.op} " + " ".join(_arg_text(a) for a in s.args))
+                elif isinstance(s, KernelCall):
+                    lines.append(f"  kernel {s.kernel.kernel_id} {(kernel_versions or {}).get(s.kernel.kernel_id, '')}")
+        return "\n".join(lines)
+
+    def details(self) -> dict:
+        """``shape`` and ``epilogue`` for the manifest's choice entry."""
+        return {"shape": self.shape, "epilogue": self.epilogue}
+
+    def summary(self) -> str:
+        """``gemm NAME KIND SHAPE +EPILOGUE [variants]`` (``Graph.dump``)."""
+        return f"gemm {self.name} {self.kind} {self.shape} +{self.epilogue} [{', '.join(v.name for v in self.variants)}]"
 
     def reads(self) -> list[Buffer]:
         """What any variant reads."""
@@ -114,18 +155,30 @@ class GemmStep:
         return self.writes() + self.reads()
 
 
+def _arg_text(arg) -> str:
+    if arg.kind == "tensor":
+        base, sizes, strides, offset = arg.value
+        return f"tensor:{base.kind}:{list(sizes)}:{list(strides)}:{offset}"
+    return f"{arg.kind}:{arg.value!r}"
+
+
 def _resolve_steps(steps: list, choices: dict) -> list:
     out = []
     for step in steps:
-        if isinstance(step, GemmStep):
-            choice = choices.get(step.key)
-            out.extend(step.variants[choice.index if choice else 0].steps)
+        if isinstance(step, ChoiceStep):
+            out.extend(step.chosen_steps(_index(step, choices)))
         elif isinstance(step, CondStep):
             out.append(dataclasses.replace(step, true_steps=_resolve_steps(step.true_steps, choices),
                                            false_steps=_resolve_steps(step.false_steps, choices)))
         else:
             out.append(step)
     return out
+
+
+def _index(point, choices: dict) -> int:
+    """The chosen candidate of ``point`` in ``choices`` (``choice_id -> Choice``), else 0."""
+    choice = choices.get(point.choice_id)
+    return choice.index if choice else 0
 
 
 def gemm_steps(graph) -> list[GemmStep]:
@@ -169,22 +222,5 @@ def _chosen_panels(graph, choices: dict) -> list[tuple]:
     """(panels, dense weight, transform) of every GEMM template that won its step."""
     found = []
     for step in gemm_steps(graph):
-        choice = choices.get(step.key)
-        found.extend(step.variants[choice.index if choice else 0].panels)
+        found.extend(step.variants[_index(step, choices)].panels)
     return found
-
-
-def manifest_entries(graph, choices: dict) -> list[dict]:
-    """The manifest's ``gemms``: per GEMM/conv step its candidates, timings (us, empty
-    when not timed) and winner, like a kernel's entry."""
-    entries = []
-    for step in gemm_steps(graph):
-        choice = choices.get(step.key)
-        index = choice.index if choice else 0
-        entries.append({
-            "name": step.name, "kind": step.kind, "shape": step.shape, "epilogue": step.epilogue,
-            "candidates": [v.name for v in step.variants], "winner": step.variants[index].name,
-            "timings_us": [round(t, 3) for t in (choice.timings_us if choice else ())],
-            "visited": bool(choice and choice.visited),
-        })
-    return entries

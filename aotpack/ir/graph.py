@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from aotpack.ir import kernel as kernel_ir
+from aotpack.ir.choice import ChoiceStep
 from aotpack.ir.index import Atom, Index, contiguous_strides, flat_index, unflatten_index  # noqa: F401
 
 # ----------------------------------------------------------------------------- values
@@ -377,9 +378,8 @@ def _dump_steps(steps: list, indent: str) -> list[str]:
             lines.append(f"{indent}extern {step.op}")
         elif isinstance(step, CopyBack):
             lines.append(f"{indent}copy into {step.target.name}")
-        elif hasattr(step, "variants"):  # gemm.GemmStep (before tuning picks a variant)
-            lines.append(f"{indent}gemm {step.name} {step.kind} {step.shape} +{step.epilogue} "
-                         f"[{', '.join(v.name for v in step.variants)}]")
+        elif isinstance(step, ChoiceStep):  # before tuning picks a candidate
+            lines.append(f"{indent}{step.summary()}")
         elif isinstance(step, CondStep):
             lines.append(f"{indent}cond")
             lines += _dump_steps(step.true_steps, indent + "  then ")

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from aotpack.tune import timing
+from aotpack.tune import replay, timing
 from aotpack.tune.compile import CompiledSet
 from aotpack.errors import AotpackError
-from aotpack.ir.gemm import OWN_KERNEL_RANKS, GemmStep, gemm_steps
+from aotpack.ir.gemm import GemmStep, gemm_steps
 from aotpack.ir.graph import Buffer, CondStep, CopyBack, ExternCall, Graph, KernelCall
 
 log = logging.getLogger("aotpack")
@@ -38,9 +38,10 @@ detail = logging.getLogger("aotpack.tune.autotune")
 
 @dataclass(frozen=True)
 class Choice:
-    """The tuning result of one kernel: winner index, timings (us per candidate; empty
-    when not timed), whether the inputs reached it, whether it came from the cache, and
-    whether its timing was contended (other processes took the CPU: ``aotpack.tune.timing``)."""
+    """The tuning result of one choice point (``ir.choice``: a kernel, a GEMM step): winner
+    index, timings (us per candidate; empty when not timed), whether the inputs reached it,
+    whether it came from the cache (or ``--tuning-from``), and whether its timing was
+    contended (other processes took the CPU: ``aotpack.tune.timing``)."""
 
     index: int
     timings_us: tuple
@@ -73,7 +74,7 @@ def _step_work(step) -> tuple:
 
 
 def gemm_twins(graph: Graph) -> dict[str, str]:
-    """GEMM step key -> the key of the first step, in graph order, that does the same work:
+    """GEMM step choice id -> the id of the first step, in graph order, that does the same work:
     same kind, shapes and epilogue, and variants whose kernels (by ``kernel_id``) and extern
     calls (op, argument layouts and values, output layouts) match. Such twins differ only in
     their weights' values, which do not change a dense GEMM's time, so one timing decides all."""
@@ -82,7 +83,7 @@ def gemm_twins(graph: Graph) -> dict[str, str]:
     for step in gemm_steps(graph):
         work = (step.kind, step.shape, step.epilogue,
                 tuple((v.name, tuple(_step_work(s) for s in v.steps)) for v in step.variants))
-        twins[step.key] = first.setdefault(work, step.key)
+        twins[step.choice_id] = first.setdefault(work, step.choice_id)
     return twins
 
 
@@ -174,9 +175,11 @@ def _extern_args(env, call: ExternCall):
 
 
 class PythonModeRun:
-    """Runs the lowered graph on real inputs, timing kernels' candidates as it reaches them.
+    """Runs the lowered graph on real inputs, timing choice points' candidates as it reaches them.
 
-    A kernel still to be tuned times every candidate on the tensors it receives in each
+    One table keyed by choice id (``ir.choice``) holds every choice point's samples,
+    winner and timings: a kernel's (``kernel_id``) and a GEMM step's (``gemm:<name>``).
+    A point still to be tuned times every candidate on the tensors it receives in each
     input set and runs with candidate 0 meanwhile (all candidates compute the same
     values); ``choose`` then picks the winner over the sets (``timing.decide``).
     """
@@ -188,31 +191,34 @@ class PythonModeRun:
         self.backend = backend
         self.device = backend.device()
         self.launchers: dict = {}
+        #: choice id -> the choice point (kernels' CandidateSets, GEMM steps)
+        self.points: dict = {kid: c.candidate_set for kid, c in compiled.items()}
+        self.points.update((step.choice_id, step) for step in gemm_steps(graph))
+        #: choice id -> timings per input set; winner index; timings (us per candidate)
         self.samples: dict[str, list] = {}
         self.winners: dict[str, int] = {kid: c.cached_choice[0] for kid, c in compiled.items() if c.cached_choice}
         self.timings: dict[str, tuple] = {}
         self.contended: set[str] = set()
+        #: choice ids the inputs reached (a kernel: its launcher loaded)
+        self.visited: set[str] = set()
         self.on_tuned = on_tuned
         self.captured = captured
         self.to_tune = sum(1 for kid, c in compiled.items()
                            if not c.cached_choice and len(c.candidate_set.candidates) > 1)
         self.packed: dict[int, torch.Tensor] = {}
-        #: GEMM steps: key -> (step, [timings per input set]); winners, timings, visited keys
-        self.gemm_samples: dict[str, tuple] = {}
-        self.gemm_winners: dict[str, int] = {}
-        self.gemm_timings: dict[str, tuple] = {}
-        self.gemm_visited: set = set()
-        self.gemm_twin = gemm_twins(graph)
-        #: kernel_ids and GEMM keys timed in the current input set (a repeated layer runs untimed)
+        #: choice id -> the id its timing and winner are kept under (a GEMM step's first twin)
+        self.twin = gemm_twins(graph)
+        #: choice ids timed in the current input set (a repeated layer runs untimed)
         self.timed_this_set: set = set()
 
-    def gemm_key(self, step: GemmStep) -> str:
-        """The key ``step``'s timing and winner are kept under: its first twin's."""
-        return self.gemm_twin.get(step.key, step.key)
+    def timed_id(self, choice_id: str) -> str:
+        """The id the point's timing and winner are kept under: its first twin's, else its own."""
+        return self.twin.get(choice_id, choice_id)
 
-    def gemm_winner(self, step: GemmStep) -> int | None:
-        """``step``'s variant: its own replayed winner, else its first twin's; None until tuned."""
-        return self.gemm_winners.get(step.key, self.gemm_winners.get(self.gemm_key(step)))
+    def winner(self, choice_id: str) -> int | None:
+        """The point's candidate: its own (replayed, cached) winner, else its first twin's;
+        None until tuned."""
+        return self.winners.get(choice_id, self.winners.get(self.timed_id(choice_id)))
 
     def run(self, inputs: tuple) -> list[torch.Tensor]:
         """Execute the graph on copies of ``inputs`` (the user's tensors are never modified)."""
@@ -264,9 +270,9 @@ class PythonModeRun:
         timed as the calls it makes (arguments prepared once, kernels at their best
         candidate so far), so Python overhead does not favour single-call variants.
         """
-        self.gemm_visited.add(step.key)
-        key = self.gemm_key(step)
-        winner = self.gemm_winner(step)
+        self.visited.add(step.choice_id)
+        key = self.timed_id(step.choice_id)
+        winner = self.winner(step.choice_id)
         if winner is not None or len(step.variants) == 1 or key in self.timed_this_set:
             self._execute(step.variants[winner or 0].steps, env)
             return
@@ -278,7 +284,7 @@ class PythonModeRun:
                     self._kernel(call.kernel, [env[id(b)] for b in call.reads() + call.writes()])
         calls = [self._calls(variant.steps, env) for variant in step.variants]
         timed = time_functions([lambda fns=fns: [fn() for fn in fns] for fns in calls], self.device)
-        self.gemm_samples.setdefault(key, (step, []))[1].append(timed)
+        self.samples.setdefault(key, []).append(timed)
 
     def _calls(self, steps: list, env) -> list:
         """One callable per step, its arguments taken from ``env`` now (timing only)."""
@@ -307,6 +313,7 @@ class PythonModeRun:
         return timing.decide(samples, [c.block_dim for c in candidates]).index
 
     def _launcher(self, kid: str):
+        self.visited.add(kid)
         if kid not in self.launchers:
             c = self.compiled[kid]
             self.launchers[kid] = self.backend.load_wrapper(c.folder.wrapper, c.folder.path, c.candidate_set.kernel.name)
@@ -325,97 +332,88 @@ class PythonModeRun:
             self.samples.setdefault(kid, []).append(
                 time_candidates(launcher, keys, args, [c.block_dim for c in candidates], self.device))
             if self.on_tuned and len(self.samples[kid]) == 1:
-                self.on_tuned(len(self.samples), self.to_tune)
+                self.on_tuned(sum(1 for key in self.samples if key in self.compiled), self.to_tune)
             launcher.launch(keys[0], args)
             return
         launcher.launch(candidates[self.winners.get(kid, 0)].kernel_key, args)
 
     def choose(self) -> None:
-        """Pick and record the winner of every kernel that was timed; release the others.
-        One warning names the kernels whose timing stayed contended."""
+        """Pick and record the winner of every choice point that was timed (``timing.decide``
+        over the input sets, ties broken by the point's ``ranks``); release the kernels'
+        losing candidates. One warning names the points whose timing stayed contended."""
         contended = []
-        for kid, samples in self.samples.items():
-            c = self.compiled[kid]
-            cs, name = c.candidate_set, c.candidate_set.kernel.name
-            decision = timing.decide(samples, [cand.block_dim for cand in cs.candidates])
-            shares = [min(s.clean_shares[i] for s in samples) for i in range(len(cs.candidates))]
-            for index, (candidate, us) in enumerate(zip(cs.candidates, decision.estimates_us)):
-                detail.info("%s candidate %d (%s): Timing %.2f us (%.0f%% of samples clean)", name, index,
-                            candidate.tiling_repr, us, 100 * shares[index])
-            attempts = max(s.attempts for s in samples)
-            if attempts > 1:
-                detail.info("%s: re-timed, %d attempts (preempted, disagreeing, stolen or unscaled samples)",
-                            name, attempts)
+        for key, samples in self.samples.items():
+            point = self.points[key]
+            decision = timing.decide(samples, point.ranks())
+            self._log_decision(point, samples, decision)
             best = decision.index
-            c.folder.write_choice(list(cs.candidates), best, list(decision.estimates_us), decision.contended, cs.sources)
-            self.winners[kid] = best
-            self.timings[kid] = decision.estimates_us
-            self._launcher(kid).release(cs.candidates[best].kernel_key)
-            if best != decision.fastest:
-                detail.info("%s: candidate %d is not clearly faster than candidate %d (fewer threads or "
-                            "first in the solver's order): keeping %d", name, decision.fastest, best, best)
-            log.info("Autotune completed %s, best kernel index: %d", name, best)
+            self.winners[key] = best
+            self.timings[key] = tuple(decision.estimates_us)
+            if key in self.launchers:  # a kernel: only its winner stays loaded
+                self.launchers[key].release(point.candidate_names()[best])
             if decision.contended:
-                self.contended.add(kid)
-                contended.append(name)
+                self.contended.add(key)
+                contended.append(point.label)
         self.samples.clear()
-        for key, (step, samples) in self.gemm_samples.items():
-            # Every implementation uses the same threads; a close call goes to aotpack's own
-            # template (ranked first), its Winograd kernel, then to the others in order (variant 0
-            # first: the backend's first extern call): a template kernel is planned with the graph
-            # and allocates nothing per call, where an extern call allocates its output and
-            # scratch on every run, and within the noise (the template is 5-10% faster than the
-            # CPU's extern convolution on ResNet's convolutions)
-            # builds flipped between them.
-            ranks = [OWN_KERNEL_RANKS.get(variant.name, len(OWN_KERNEL_RANKS)) for variant in step.variants]
-            decision = timing.decide(samples, ranks)
-            timings = list(decision.estimates_us)
-            for variant, us in zip(step.variants, timings):
-                detail.info("%s candidate %s: Timing %.2f us", step.name, variant.name, us)
-            best = decision.index
-            if decision.contended:
-                contended.append(step.name)
-            self.gemm_winners[key], self.gemm_timings[key] = best, tuple(timings)
-            log.info("Autotune completed %s, best implementation: %s", step.name, step.variants[best].name)
-        self.gemm_samples.clear()
         if contended:
             log.warning("timing was contended (other processes took the CPU) for %d kernel%s: %s; their "
                         "choices may differ on an idle machine and are cached: rebuild with --retune when "
                         "it is idle", len(contended), "" if len(contended) == 1 else "s", ", ".join(contended))
 
+    def _log_decision(self, point, samples: list, decision) -> None:
+        """The per-candidate timing lines (``aotpack -v``) and the ``Autotune completed`` line."""
+        names, best = point.candidate_names(), decision.index
+        if point.choice_kind != "kernel":  # a step's implementations, by name
+            for name, us in zip(names, decision.estimates_us):
+                detail.info("%s candidate %s: Timing %.2f us", point.label, name, us)
+            log.info("Autotune completed %s, best implementation: %s", point.label, names[best])
+            return
+        shares = [min(s.clean_shares[i] for s in samples) for i in range(len(names))]
+        for index, (candidate, us) in enumerate(zip(point.candidates, decision.estimates_us)):
+            detail.info("%s candidate %d (%s): Timing %.2f us (%.0f%% of samples clean)", point.label, index,
+                        candidate.tiling_repr, us, 100 * shares[index])
+        attempts = max(s.attempts for s in samples)
+        if attempts > 1:
+            detail.info("%s: re-timed, %d attempts (preempted, disagreeing, stolen or unscaled samples)",
+                        point.label, attempts)
+        if best != decision.fastest:
+            detail.info("%s: candidate %d is not clearly faster than candidate %d (fewer threads or "
+                        "first in the solver's order): keeping %d", point.label, decision.fastest, best, best)
+        log.info("Autotune completed %s, best kernel index: %d", point.label, best)
+
 
 def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple],
          backend, on_tuned=None, captured: dict | None = None,
          recorded: dict | None = None) -> tuple[dict[str, Choice], list[torch.Tensor]]:
-    """Run ``graph`` on every input set and autotune its kernels.
+    """Run ``graph`` on every input set and autotune its choice points (``ir.choice``).
 
     Args:
         compiled: ``kernel_id -> CompiledSet`` (the kernels' compile.locks held).
         input_sets: the example inputs first, then calibration sets (same shapes).
         on_tuned: called as ``(kernels timed so far, kernels to time)`` during the first set.
-        recorded: GEMM-step winners recorded in the build cache (``gemm_cache``) or by
-            ``--tuning-from`` (``replay.recorded_winners``): steps found there (``gemm:<name>``,
-            same implementation offered) take the recorded winner untimed.
+        recorded: ``choice id -> replay.RecordedWinner`` of GEMM steps, from the tuning
+            records (``choice_cache``) or ``--tuning-from`` (``replay.recorded_winners``): a
+            step found there whose recorded candidate is still offered takes it untimed
+            (a kernel's recorded winner is already its only candidate: ``candidates.prepare``).
         captured: if given, filled with ``kernel_id -> tensors`` (copies of each kernel's
             inputs and outputs at its first launch), for ``--debug-dir``'s benchmark.py.
 
     Returns:
-        (``kernel_id -> Choice``, outputs of the example inputs with every winner); the
-        choices also hold each ``gemm.GemmStep``'s variant under ``step.key`` (``gemm:...``).
+        (``choice id -> Choice`` of every kernel and GEMM step, outputs of the example
+        inputs with every winner).
     """
     runner = PythonModeRun(graph, compiled, backend, on_tuned, captured)
     replayed = {}
     for step in gemm_steps(graph):
-        names = [v.name for v in step.variants]
-        winner = (recorded or {}).get(step.key)
-        if winner is not None and winner.kernel_key in names:
-            runner.gemm_winners[step.key] = names.index(winner.kernel_key)
-            replayed[step.key] = winner.timings_us
+        index = replay.pick(step.candidate_names(), (recorded or {}).get(step.choice_id))
+        if index is not None:
+            runner.winners[step.choice_id] = index
+            replayed[step.choice_id] = recorded[step.choice_id].timings_us
     outputs = runner.run(input_sets[0])
     for inputs in input_sets[1:]:
         runner.run(inputs)
-    visited = set(runner.launchers)
-    if runner.samples or runner.gemm_samples:  # candidate 0 computed those outputs: rerun with the winners
+    visited = set(runner.visited)
+    if runner.samples:  # candidate 0 computed those outputs: rerun with the winners
         runner.choose()
         outputs = runner.run(input_sets[0])
     choices = {}
@@ -425,6 +423,8 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
                                   bool(c.cached_choice[2]))
         elif kid in runner.timings:
             choices[kid] = Choice(runner.winners[kid], runner.timings[kid], True, False, kid in runner.contended)
+            c.folder.write_choice(list(c.candidate_set.candidates), choices[kid].index, list(runner.timings[kid]),
+                                  kid in runner.contended, c.candidate_set.sources)
         elif kid in visited:  # one candidate: straight to optimize_tiling, no profiling
             c.folder.write_choice(list(c.candidate_set.candidates), 0, [], sources=c.candidate_set.sources)
             choices[kid] = Choice(0, (), True, False)
@@ -432,7 +432,8 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
             choices[kid] = Choice(0, (), False, False)
     for step in gemm_steps(graph):  # timed now, or taken from ``recorded``
-        timings = replayed.get(step.key, runner.gemm_timings.get(runner.gemm_key(step), ()))
-        choices[step.key] = Choice(runner.gemm_winner(step) or 0, tuple(timings),
-                                   step.key in runner.gemm_visited, step.key in replayed)
+        key = step.choice_id
+        timings = replayed.get(key, runner.timings.get(runner.timed_id(key), ()))
+        choices[key] = Choice(runner.winner(key) or 0, tuple(timings), key in runner.visited, key in replayed,
+                              runner.timed_id(key) in runner.contended)
     return choices, outputs

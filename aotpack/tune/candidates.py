@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from aotpack.ir import gemm
 from aotpack.tune import replay
 from aotpack.config import MAX_TOPN
+from aotpack.ir.choice import ChoicePoint
 from aotpack.ir.graph import KernelCall
 from aotpack.ir.kernel import FusedKernel
 
@@ -39,8 +40,9 @@ RUNNER_UP_FACTOR = 1.3
 
 
 @dataclass(frozen=True)
-class CandidateSet:
-    """The candidates of one distinct kernel and their generated sources.
+class CandidateSet(ChoicePoint):
+    """The candidates of one distinct kernel and their generated sources: the kernel's
+    choice point (``ir.choice``), its candidates named by ``kernel_key``.
 
     ``kernel`` is the first kernel with this ``kernel_id`` (its name names the archive
     folder); ``sources[i]`` is the source of ``candidates[i]``.
@@ -51,10 +53,34 @@ class CandidateSet:
     sources: tuple
     wrapper_source: str
 
+    choice_kind = "kernel"
+
     @property
     def kernel_id(self) -> str:
         """The kernel's content hash."""
         return self.kernel.kernel_id
+
+    @property
+    def choice_id(self) -> str:
+        """The kernel's ``kernel_id``."""
+        return self.kernel.kernel_id
+
+    @property
+    def label(self) -> str:
+        """The kernel's name."""
+        return self.kernel.name
+
+    def candidate_names(self) -> list[str]:
+        """Each candidate's ``kernel_key`` (``tiling_repr|workspace|block_dim``)."""
+        return [c.kernel_key for c in self.candidates]
+
+    def candidate_labels(self) -> list[str]:
+        """Each candidate's ``tiling_repr``."""
+        return [c.tiling_repr for c in self.candidates]
+
+    def ranks(self) -> list[int]:
+        """Each candidate's threads: a close call goes to fewer."""
+        return [c.block_dim for c in self.candidates]
 
 
 def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:
@@ -189,12 +215,13 @@ def _replayed(kernel: FusedKernel, backend, limits, recorded, candidates: tuple,
     """``(candidates, builds)`` holding only the recorded winner: as this build's shortlist
     offers it (the binary it shares there), else as the solver's whole space does, else,
     with a warning, the shortlist unchanged (the kernel is tuned again)."""
-    for candidate, build in zip(candidates, builds):
-        if replay.pick([candidate], recorded) is not None:
-            return (candidate,), (build,)
-    winner = replay.pick(backend.solve(kernel, limits, MAX_TOPN), recorded)
-    if winner is not None:
-        return (winner,), (winner,)
+    index = replay.pick([c.kernel_key for c in candidates], recorded)
+    if index is not None:
+        return (candidates[index],), (builds[index],)
+    space = backend.solve(kernel, limits, MAX_TOPN)
+    index = replay.pick([c.kernel_key for c in space], recorded)
+    if index is not None:
+        return (space[index],), (space[index],)
     log.warning("%s: the recorded winner %s is not a candidate any more; tuning it again",
-                kernel.name, recorded.tiling_repr)
+                kernel.name, recorded.candidate)
     return candidates, builds

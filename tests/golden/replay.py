@@ -59,6 +59,7 @@ def generate(model: str) -> dict[str, str]:
     from aotpack.tune import candidates
     from aotpack.codegen import wrapper as codegen
     from aotpack.archive import layout
+    from aotpack.ir import gemm
     from aotpack.tune.autotune import Choice
     from aotpack.config import Settings
     from aotpack.frontend.export import export_model, load_model_file
@@ -78,7 +79,7 @@ def generate(model: str) -> dict[str, str]:
     choices = {kid: Choice(0, (), True, False) for kid in sets}  # candidate 0 wins
     meta = {"name": Path(model).stem, "version": "0.1.0", "aotpack_version": "golden",
             "device_limit": DEVICE_LIMIT}
-    sources[layout.MODEL_SOURCE_PATH] = codegen.generate(graph, backend, sets, choices, meta)
+    sources[layout.MODEL_SOURCE_PATH] = codegen.generate(gemm.resolve(graph, choices), backend, sets, choices, meta)
     return sources
 
 

@@ -15,7 +15,7 @@ import torch
 from aotpack import backends
 from aotpack.tune import autotune
 from aotpack.ir import gemm
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.lower import lowering
 from aotpack.tune import timing
 from aotpack.backends.cpu import attention_template
@@ -231,8 +231,8 @@ def _unfused_templates_win(functions, device=None):
 def _build_with_template(path, tmp_path, cache_dir, timing=_template_wins):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", timing)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         return build(path, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
 
 
@@ -241,7 +241,7 @@ def _build_with_template(path, tmp_path, cache_dir, timing=_template_wins):
 def test_models_with_the_template_match_eager_natively(model, tmp_path, cache_dir):
     path = SAMPLES / "transformer_block.py" if model == "transformer_block" else MODELS / "attention_bmm.py"
     result = _build_with_template(path, tmp_path, cache_dir)
-    steps = [g for g in result.manifest["gemms"] if g["kind"] == "attention"]
+    steps = [g for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"] if g["kind"] == "attention"]
     assert [g["winner"] for g in steps] == ["template"]
     names = [k["name"] for k in result.manifest["kernels"]]
     assert sum(1 for name in names if name.startswith("attention_")) == 1
@@ -256,7 +256,7 @@ def test_unfused_variant_winning_matches_eager_natively(tmp_path, cache_dir):
     kernel) run as the step when they win."""
     path = SAMPLES / "transformer_block.py"
     result = _build_with_template(path, tmp_path, cache_dir, _unfused_templates_win)
-    assert [g["winner"] for g in result.manifest["gemms"] if g["kind"] == "attention"] == [
+    assert [g["winner"] for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"] if g["kind"] == "attention"] == [
         "unfused:template+template"]
     names = [k["name"] for k in result.manifest["kernels"]]
     assert sum(1 for name in names if name.startswith("bmm_")) == 2
@@ -295,5 +295,5 @@ def test_distilbert_style_padding_mask_model_natively(tmp_path, cache_dir):
             return torch.randn(1, 9, 48, generator=torch.Generator().manual_seed(1)), mask
     '''))
     result = _build_with_template(path, tmp_path, cache_dir)
-    assert [g["winner"] for g in result.manifest["gemms"] if g["kind"] == "attention"] == ["template"]
+    assert [g["winner"] for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"] if g["kind"] == "attention"] == ["template"]
     assert_native_parity(result.archive, path, tmp_path, atol=1e-4, rtol=1e-4)

@@ -13,7 +13,7 @@ import torch
 from aotpack import backends
 from aotpack.lower import attention_lowering
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.lower import lowering
 from aotpack.commands import report
 from aotpack.backends.cpu import bmm_template
@@ -199,20 +199,20 @@ def test_attention_bmms_become_steps_with_aten_and_template(unfused_attention):
 def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cache_dir, unfused_attention):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(ATTENTION, tmp_path, settings=Settings.from_env(topn=2, cache_dir=cache_dir))
-    bmms = [g for g in result.manifest["gemms"] if g["kind"] == "bmm"]
+    bmms = [g for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"] if g["kind"] == "bmm"]
     assert [g["winner"] for g in bmms] == ["template"] * 3
     assert all(g["candidates"] == ["aten", "template"] and len(g["timings_us"]) == 2 and g["visited"]
                for g in bmms)
     names = [k["name"] for k in result.manifest["kernels"]]
     assert sum(1 for name in names if name.startswith("bmm_")) == 3
-    rows = [r for r in report.build_report(result.manifest, None)["gemms"] if r["kind"] == "bmm"]  # inspect's table
-    assert [(r["gemm"], r["shape"], r["winner"], r["candidates"]) for r in rows] == [
-        ("bmm_bmm", "6x17x8x17", "template", "aten=2.0us template=1.0us"),
-        ("bmm_bmm_1", "6x17x17x8", "template", "aten=2.0us template=1.0us"),
-        ("bmm_mm", "1x5x17x3", "template", "aten=2.0us template=1.0us")]
+    rows = [r for r in report.build_report(result.manifest, None)["choices"] if r["kind"] == "bmm"]  # inspect's table
+    assert [(r["choice"], r["shape"], r["winner"], r["candidates"], r["best_us"], r["worst_us"]) for r in rows] == [
+        ("bmm_bmm", "6x17x8x17+none", "template", 2, 1.0, 2.0),
+        ("bmm_bmm_1", "6x17x17x8+none", "template", 2, 1.0, 2.0),
+        ("bmm_mm", "1x5x17x3+none", "template", 2, 1.0, 2.0)]
     assert_native_parity(result.archive, ATTENTION, tmp_path, atol=ATOL, rtol=1e-4)
 
 
@@ -220,11 +220,11 @@ def test_attention_model_with_the_template_matches_eager_natively(tmp_path, cach
 def test_transformer_block_with_the_template_matches_eager_natively(tmp_path, cache_dir, unfused_attention):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(SAMPLES / "transformer_block.py", tmp_path,
                        settings=Settings.from_env(topn=1, cache_dir=cache_dir))
-    bmms = [g for g in result.manifest["gemms"] if g["kind"] == "bmm"]
+    bmms = [g for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"] if g["kind"] == "bmm"]
     assert [(g["shape"], g["winner"]) for g in bmms] == [("16x128x64x128", "template"), ("16x128x128x64", "template")]
     # q, k^T and v are read in place as batch x heads views: only the context's copy (proj's input) is left
     copies = [k["name"] for k in result.manifest["kernels"] if k["name"].startswith("fused_clone")]

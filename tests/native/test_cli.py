@@ -175,37 +175,36 @@ def test_verify_without_run_does_not_mention_a_stored_selftest(build_model):
     assert not any(line.startswith("self-test") for line in result.stdout.splitlines())
 
 
-def test_inspect_tables_kernels_and_extern_calls(build_model):
+def test_inspect_tables_choices_and_extern_calls(build_model):
     from aotpack.commands import report
     archive = build_model(MODELS / "branchy.py", topn=2).archive
     manifest = read_manifest(archive)
     result = aotpack("inspect", archive)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    start = lines.index("  5 fused kernel launches of 5 distinct kernels:")
-    assert lines[start + 1].split() == list(report.KERNEL_COLUMNS)
-    rows = [line.split() for line in lines[start + 2:start + 7]]
-    for row, kernel in zip(rows, manifest["kernels"], strict=True):
+    start = lines.index("  5 fused kernel launches of 5 distinct kernels")
+    # one table: the 5 kernels' tilings, then the untaken branch's x @ w, a bmm step (unvisited: ATen runs)
+    assert lines[start + 1] == "  6 choice points (candidates timed by PGO):"
+    assert lines[start + 2].split() == list(report.CHOICE_COLUMNS)
+    rows = [line.split() for line in lines[start + 3:start + 9]]
+    kernels, (step,) = manifest["choices"][:5], manifest["choices"][5:]
+    assert [k["id"] for k in kernels] == [k["kernel_id"] for k in manifest["kernels"]]
+    for row, kernel in zip(rows, manifest["kernels"]):
         timed = kernel["visited"]
-        assert row[:5] == [kernel["name"], kernel["kernel_id"][:12], str(kernel["block_dim"]),
-                           kernel["tiling_repr"], "2"]
+        assert row[:5] == [kernel["name"], "kernel", "-", kernel["tiling_repr"], "2"]
         if timed:
             assert [float(row[5]), float(row[6])] == [round(min(kernel["timings_us"]), 2),
                                                       round(max(kernel["timings_us"]), 2)]
         state = "contended" if kernel["timing_contended"] else "ok"
         assert row[5:] == (row[5:7] + ["yes", state] if timed else ["-", "-", "no", "-"])
-    assert [r[-2] for r in rows].count("no") == 2  # the branch the example inputs skip
-    rest = lines[start + 7:]
-    if any(k["timing_contended"] for k in manifest["kernels"]):  # a busy machine: one line says so
+    assert [r[-2] for r in rows[:5]].count("no") == 2  # the branch the example inputs skip
+    assert rows[5] == [step["name"], "bmm", step["shape"] + "+none", "aten", "2", "-", "-", "no", "-"]
+    assert step["id"] == f"gemm:{step['name']}" and step["candidates"] == ["aten", "template"]
+    rest = lines[start + 9:]
+    if any(c["timing_contended"] for c in manifest["choices"]):  # a busy machine: one line says so
         assert rest.pop(0).startswith("  timing contended for ")
-    # the untaken branch's x @ w is a bmm step, unvisited: its ATen variant runs
-    (gemm,) = manifest["gemms"]
-    assert rest[0] == "  1 GEMM/conv step (implementations timed by PGO):"
-    assert rest[1].split() == list(report.GEMM_COLUMNS)
-    assert rest[2].split() == [gemm["name"], "bmm", gemm["shape"], "none", "aten", "aten", "template", "no"]
-    rest = rest[3:]
     assert rest[:3] == ["  1 extern call of 1 ATen op (not fused):",
-                                           "    op               count", "    aten.mm.default  1"]
+                        "    op               count", "    aten.mm.default  1"]
 
 
 def test_inspect_json_keeps_the_manifest_and_adds_the_report(build_model):
@@ -219,8 +218,9 @@ def test_inspect_json_keeps_the_manifest_and_adds_the_report(build_model):
     derived = data["report"]
     assert (derived["launch_sites"], derived["distinct_kernels"]) == (5, 5)
     assert derived["extern_calls"] == [{"op": "aten.mm.default", "count": 1}]
-    assert [k["kernel"] for k in derived["kernels"]] == [k["name"] for k in manifest["kernels"]]
-    assert derived["kernels"][0]["best_us"] == min(manifest["kernels"][0]["timings_us"])
+    assert [c["choice"] for c in derived["choices"]] == [c["name"] for c in manifest["choices"]]
+    assert [c["choice"] for c in derived["choices"]][:5] == [k["name"] for k in manifest["kernels"]]
+    assert derived["choices"][0]["best_us"] == min(manifest["kernels"][0]["timings_us"])
 
 
 def test_verify_fails_on_a_wrong_expected_output(build_model, tmp_path):

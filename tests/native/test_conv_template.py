@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from aotpack import backends
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.lower import gemm_match
 from aotpack.archive import layout
 from aotpack.archive import reader
@@ -345,15 +345,15 @@ def _onednn_wins(functions, device=None):
 def _build(tmp_path, cache_dir, timing):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", timing)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         return build(BLOCK, tmp_path, settings=Settings.from_env(topn=2, cache_dir=cache_dir))
 
 
 @pytest.mark.native
 def test_template_block_folds_batch_norm_and_ships_panels_only(tmp_path, cache_dir):
     result = _build(tmp_path, cache_dir, _last_variant_wins)
-    gemms = result.manifest["gemms"]
+    gemms = [c for c in result.manifest["choices"] if c["kind"] != "kernel"]
     assert [(g["epilogue"], g["winner"]) for g in gemms] == [
         ("relu", "template"), ("relu", "template"), ("none", "template"), ("add_relu", "template"),
         ("sigmoid", "template")]
@@ -372,7 +372,7 @@ def test_template_block_folds_batch_norm_and_ships_panels_only(tmp_path, cache_d
 @pytest.mark.native
 def test_onednn_block_fuses_the_folded_bias_residual_and_relu_as_post_ops(tmp_path, cache_dir):
     result = _build(tmp_path, cache_dir, _onednn_wins)
-    assert {g["winner"] for g in result.manifest["gemms"]} == {"onednn"}
+    assert {g["winner"] for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"]} == {"onednn"}
     source = reader.read_all(result.archive)[layout.MODEL_SOURCE_PATH].decode()
     assert source.count('"mkldnn::_convolution_pointwise", "binary"') == 1  # the residual add + ReLU
     assert not result.manifest["kernels"]  # no epilogue kernel: every epilogue is a post-op

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from aotpack import backends
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.lower import gemm_match
 from aotpack.lower import lowering
 from aotpack.backends.cpu import depthwise_template
@@ -246,10 +246,10 @@ def test_template_wins_every_depthwise_conv_of_a_model_and_matches_eager(tmp_pat
     column slice of the input read in place) runs the template; natively within 1e-5."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(ZOO, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
-    gemms = result.manifest["gemms"]
+    gemms = [c for c in result.manifest["choices"] if c["kind"] != "kernel"]
     assert [g["epilogue"] for g in gemms] == ["relu", "hardswish", "hardsigmoid", "sigmoid", "swish", "none",
                                               "relu", "hardswish"]
     assert all(g["candidates"] == ["onednn", "template"] and g["winner"] == "template" for g in gemms)

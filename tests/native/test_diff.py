@@ -9,7 +9,7 @@ import pytest
 import safetensors.torch
 
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.archive import layout
 from aotpack.build import build
 from aotpack.config import Settings
@@ -33,8 +33,8 @@ def mlp(tmp_path_factory, cache_dir):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", aten_first)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         return build(SAMPLES / "mlp.py", tmp_path_factory.mktemp("diff"),
                      settings=Settings.from_env(topn=3, cache_dir=cache_dir)).archive
 

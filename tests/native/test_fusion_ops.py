@@ -9,7 +9,7 @@ integer outputs exactly, NaN where eager has NaN, +-inf equal.
 import pytest
 
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.commands import report
 from aotpack.build import build
 from aotpack.config import Settings
@@ -56,8 +56,8 @@ def test_mobilenet_block_relu6_and_hardswish_fuse(tmp_path, cache_dir, monkeypat
     not fuse here, joins the kernels that read it (the squeeze-excite mean and scale, the
     head's clamp)."""
     monkeypatch.setattr(autotune, "time_functions", lambda fns: fixed_timing([1.0 + i for i in range(len(fns))]))
-    monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
-    monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
+    monkeypatch.setattr(choice_cache, "read_all", lambda *args: {})
+    monkeypatch.setattr(choice_cache, "write_all", lambda *args: None)
     path = MODELS / "mobilenet_block.py"
     result = build(path, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
     assert _externs(result.archive) == ["mkldnn._convolution_pointwise.default",

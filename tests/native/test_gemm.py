@@ -12,7 +12,7 @@ import torch
 
 from aotpack import backends
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.archive import reader
 from aotpack.build import build
 from aotpack.config import Settings
@@ -38,21 +38,21 @@ def rotated(request, tmp_path_factory, cache_dir):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", fake_timings)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})  # the fake timings stay out of the cache
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(ZOO, tmp_path_factory.mktemp("gemm"), settings=Settings.from_env(topn=1, cache_dir=cache_dir))
     return result
 
 
 def test_every_implementation_matches_eager_natively(rotated, tmp_path):
-    winners = [g["winner"] for g in rotated.manifest["gemms"]]
+    winners = [g["winner"] for g in [c for c in rotated.manifest["choices"] if c["kind"] != "kernel"]]
     expected = {"aten", "onednn", "template"} | ({"mkl"} if torch._C.has_mkl else set())
     assert set(winners) == expected
     assert_native_parity(rotated.archive, ZOO, tmp_path, atol=1e-5, rtol=1e-4)
 
 
 def test_manifest_lists_candidates_timings_and_the_fastest_wins(rotated):
-    gemms = rotated.manifest["gemms"]
+    gemms = [c for c in rotated.manifest["choices"] if c["kind"] != "kernel"]
     assert [g["epilogue"] for g in gemms] == ["relu", "gelu", "tanh", "swish", "add", "none", "none", "relu"]
     for g in gemms:
         assert len(g["timings_us"]) == len(g["candidates"]) and g["visited"]
@@ -64,7 +64,7 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
     files = reader.read_all(rotated.archive)
     source = files["model/model.cpp"].decode()
     # winners are called typed (unboxed), their handles resolved once at load (host ABI 1.1)
-    for g in rotated.manifest["gemms"]:
+    for g in [c for c in rotated.manifest["choices"] if c["kind"] != "kernel"]:
         if g["kind"] == "conv2d":
             op = {"aten": "aten::convolution", "onednn": "mkldnn::_convolution_pointwise", "template": None}[g["winner"]]
         else:
@@ -79,14 +79,14 @@ def test_model_calls_the_winners_and_packs_weights_at_load(rotated):
         assert f'find_typed("{op}"' in source, (g, op)
     assert "call_typed(m.typed[" in source and "call_op(" not in source.split("void run(")[1]
     # weights are packed at load exactly for the oneDNN/MKL winners
-    winners = {(g["kind"], g["winner"]) for g in rotated.manifest["gemms"]}
+    winners = {(g["kind"], g["winner"]) for g in [c for c in rotated.manifest["choices"] if c["kind"] != "kernel"]}
     assert ("mkldnn::_reorder_linear_weight" in source) == (("linear", "onednn") in winners)
     assert ("mkl::_mkl_reorder_linear_weight" in source) == (("linear", "mkl") in winners)
     assert ("mkldnn::_reorder_convolution_weight" in source) == (("conv2d", "onednn") in winners)
     assert "#include <ATen" not in source
     # the epilogue kernels of ATen/MKL winners and the template winners' GEMM kernels
     kernels = [k["name"] for k in rotated.manifest["kernels"]]
-    gemms = rotated.manifest["gemms"]
+    gemms = [c for c in rotated.manifest["choices"] if c["kind"] != "kernel"]
     assert len(kernels) == sum(1 for g in gemms if g["winner"] in ("aten", "mkl") and g["epilogue"] != "none") + \
         sum(1 for g in gemms if g["winner"] == "template")
     assert sorted(k for k in kernels if k.startswith("gemm_")) == \
@@ -121,8 +121,8 @@ def test_extern_implementations_are_timed_with_the_device_limit_threads(tmp_path
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(autotune, "time_functions", recording_timings)
-            patch.setattr(gemm_cache, "read_all", lambda *args: {})
-            patch.setattr(gemm_cache, "write_all", lambda *args: None)
+            patch.setattr(choice_cache, "read_all", lambda *args: {})
+            patch.setattr(choice_cache, "write_all", lambda *args: None)
             build(model, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir, device_limit=1))
         assert seen and set(seen) == {1}
         assert torch.get_num_threads() == 3
@@ -163,11 +163,11 @@ def test_twin_steps_and_a_repeated_kernel_are_timed_once_per_input_set(tmp_path,
 
     monkeypatch.setattr(autotune, "time_functions", fake_time_functions)
     monkeypatch.setattr(autotune, "time_candidates", counting_time_candidates)
-    monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
-    monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
+    monkeypatch.setattr(choice_cache, "read_all", lambda *args: {})
+    monkeypatch.setattr(choice_cache, "write_all", lambda *args: None)
     result = build(REPEATED, tmp_path / "out", settings=Settings.from_env(topn=2, cache_dir=cache_dir))
     assert len(steps_timed) == 4  # (layer, head) x (example, calibration)
-    gemms = result.manifest["gemms"]
+    gemms = [c for c in result.manifest["choices"] if c["kind"] != "kernel"]
     assert [g["winner"] for g in gemms] == ["template"] * 4
     assert gemms[0]["timings_us"] == gemms[1]["timings_us"] == gemms[2]["timings_us"] != []
     assert all(g["visited"] for g in gemms)
@@ -189,8 +189,8 @@ def test_packed_constants_from_one_source_keep_their_own_values(tmp_path, cache_
         return fixed_timing([2.0] * (len(functions) - 1) + [1.0])
 
     monkeypatch.setattr(autotune, "time_functions", template_wins)
-    monkeypatch.setattr(gemm_cache, "read_all", lambda *args: {})
-    monkeypatch.setattr(gemm_cache, "write_all", lambda *args: None)
+    monkeypatch.setattr(choice_cache, "read_all", lambda *args: {})
+    monkeypatch.setattr(choice_cache, "write_all", lambda *args: None)
     result = build(SHARED_CONSTANTS, tmp_path / "out", settings=Settings.from_env(topn=1, cache_dir=cache_dir))
-    assert [g["winner"] for g in result.manifest["gemms"]] == ["template"] * 4
+    assert [g["winner"] for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"]] == ["template"] * 4
     assert_native_parity(result.archive, SHARED_CONSTANTS, tmp_path, atol=1e-5, rtol=1e-4)

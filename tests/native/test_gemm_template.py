@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from aotpack import backends
 from aotpack.tune import autotune
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.archive import layout
 from aotpack.archive import reader
 from aotpack.backends.cpu import gemm_template
@@ -206,10 +206,10 @@ def test_template_on_a_tied_weight_packs_at_load_and_ships_it_once(tmp_path, cac
     packs the panels in create(), and the result matches eager natively."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(TIED, tmp_path, settings=Settings.from_env(topn=1, cache_dir=cache_dir))
-    assert [g["winner"] for g in result.manifest["gemms"]] == ["template"]
+    assert [g["winner"] for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"]] == ["template"]
     files = reader.read_all(result.archive)
     stored = set(safetensors.torch.load(files[layout.WEIGHTS_PATH]))
     assert stored == {"decoder.embed_tokens.weight", "norm1.weight", "norm1.bias"}
@@ -222,10 +222,10 @@ def test_template_on_a_tied_weight_packs_at_load_and_ships_it_once(tmp_path, cac
 def test_template_on_an_untied_weight_ships_build_time_panels_only(tmp_path, cache_dir):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autotune, "time_functions", _template_wins)
-        patch.setattr(gemm_cache, "read_all", lambda *args: {})
-        patch.setattr(gemm_cache, "write_all", lambda *args: None)
+        patch.setattr(choice_cache, "read_all", lambda *args: {})
+        patch.setattr(choice_cache, "write_all", lambda *args: None)
         result = build(SAMPLES / "mlp.py", tmp_path, settings=Settings.from_env(topn=1, cache_dir=cache_dir))
-    assert [g["winner"] for g in result.manifest["gemms"]] == ["template", "template"]
+    assert [g["winner"] for g in [c for c in result.manifest["choices"] if c["kind"] != "kernel"]] == ["template", "template"]
     files = reader.read_all(result.archive)
     stored = safetensors.torch.load(files[layout.WEIGHTS_PATH])
     assert sorted(stored) == ["fc1.bias.gemm_bias", "fc1.weight.gemm_panels", "fc2.bias.gemm_bias",

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 
 from aotpack.tune import cache
-from aotpack.tune import gemm_cache
+from aotpack.tune import choice_cache
 from aotpack.tune.candidates import CandidateSet
 from aotpack.tune.compile import compile_all
 
@@ -60,17 +60,17 @@ def test_temp_files_of_a_killed_build_are_removed_and_a_running_builds_kept(tmp_
     sets, folders, store, settings = _setup(tmp_path)
     static = folders["k1"].static_kernel("key0")
     stored = store.path("// kernel 0\n").parent
-    gemm_root = tmp_path / "cpu" / "gemm"
+    records = tmp_path / "cpu" / "choices"
     live = os.getppid()  # another process that is running
     dead_files = [static / f".kernel.so.pid{DEAD}.link", static / f".kernel.so.pid{DEAD}.tmp",
                   static / f".kernel.cpp.pid{DEAD}.x1.tmp", folders["k1"].path / f".wrapper.so.pid{DEAD}.tmp",
-                  stored / f".lib.so.pid{DEAD}.tmp", gemm_root / f".mm-1.json.pid{DEAD}.x2.tmp"]
-    live_files = [static / f".kernel.so.pid{live}.link", gemm_root / f".mm-1.json.pid{live}.x3.tmp"]
+                  stored / f".lib.so.pid{DEAD}.tmp", records / f".mm-1.json.pid{DEAD}.x2.tmp"]
+    live_files = [static / f".kernel.so.pid{live}.link", records / f".mm-1.json.pid{live}.x3.tmp"]
     for path in dead_files + live_files:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"half")
     compile_all(sets, folders, FakeToolchain(), store, settings)
-    gemm_cache.write_all(gemm_root, SimpleNamespace(steps=[]), {}, ("0",))
+    choice_cache.write_all(records, [], {}, ("0",))
     assert [p for p in dead_files if p.exists()] == []
     assert [p for p in live_files if p.exists()] == live_files
 

@@ -70,7 +70,7 @@ def test_forced_variants_match_eager(zoo, plain):
     for step in _steps(graph):
         names = [v.name for v in step.variants]
         want = plain if plain in names and (plain == "onednn" or step.epilogue == "none") else "onednn"
-        choices[step.key] = Choice(names.index(want), (), True, False)
+        choices[step.choice_id] = Choice(names.index(want), (), True, False)
     resolved = gemm.resolve(graph, choices)
     assert not _steps(resolved)
     ops = {s.op for s in resolved.steps if isinstance(s, ExternCall)}
@@ -125,7 +125,7 @@ def test_epilogue_with_another_reader_or_other_form_is_not_folded(tmp_path):
     path.write_text(SHARED)
     graph = lower(export_model(load_model_file(path)), backends.get("cpu"))
     assert [s.epilogue for s in _steps(graph)] == ["none", "none"]  # tanh-GELU is not oneDNN's erf GELU
-    choices = {s.key: Choice([v.name for v in s.variants].index("onednn"), (), True, False) for s in _steps(graph)}
+    choices = {s.choice_id: Choice([v.name for v in s.variants].index("onednn"), (), True, False) for s in _steps(graph)}
     assert len(gemm.resolve(graph, choices).kernels) == 2  # relu and the tanh GELU stay aotpack kernels
 
 
@@ -143,53 +143,57 @@ def test_a_conv_with_aotpack_kernels_drops_the_aten_variant_and_its_epilogue_ker
     counts = {kid: len(cs.candidates) for kid, cs in sets.items()}
     assert len(counts) == 12 and all(n > 1 for n in counts.values()), counts  # 5 epilogues, 7 templates
 
-def test_manifest_entries_and_inspect_table(zoo):
+def test_manifest_choice_entries_and_inspect_table(zoo):
+    from aotpack.archive.writer import choice_entries
+
     graph, _, _ = zoo
     step = _steps(graph)[0]
     timings = (30.0, 20.0, 10.0, 40.0)[:len(step.variants)]
-    choices = {step.key: Choice(2, timings, True, False)}
-    entries = gemm.manifest_entries(graph, choices)
-    assert entries[0] == {"name": step.name, "kind": "linear", "shape": "7x13x5", "epilogue": "relu",
-                          "candidates": [v.name for v in step.variants], "winner": step.variants[2].name,
-                          "timings_us": list(timings), "visited": True}
-    assert entries[1]["timings_us"] == [] and entries[1]["winner"] == "aten" and not entries[1]["visited"]
-    rows = report.gemm_rows(entries[:1])
+    choices = {step.choice_id: Choice(2, timings, True, False, True)}
     names = [v.name for v in step.variants]
-    assert rows[0]["candidates"] == " ".join(f"{n}={t:.1f}us" for n, t in zip(names, timings))
-    lines = report.text_lines({"kernels": [], "distinct_kernels": 0, "launch_sites": 0, "extern_calls": None,
-                               "gemms": rows})
-    assert lines[1] == "  1 GEMM/conv step (implementations timed by PGO):"
-    assert "relu" in lines[3] and step.variants[2].name in lines[3]
+    entries = choice_entries(_steps(graph), choices)
+    assert entries[0] == {"id": step.choice_id, "name": step.name, "kind": "linear", "shape": "7x13x5",
+                          "epilogue": "relu", "candidates": names, "labels": names, "winner": names[2],
+                          "timings_us": list(timings), "visited": True, "timing_contended": True}
+    assert entries[1]["timings_us"] == [] and entries[1]["winner"] == "aten" and not entries[1]["visited"]
+    rows = report.choice_rows(entries[:1])
+    assert rows == [{"choice": step.name, "kind": "linear", "shape": "7x13x5+relu", "winner": names[2],
+                     "candidates": len(names), "best_us": 10.0, "worst_us": max(timings), "visited": True,
+                     "timing": "contended"}]
+    lines = report.text_lines({"choices": rows, "distinct_kernels": 0, "launch_sites": 0, "extern_calls": None})
+    assert lines[1] == "  1 choice point (candidates timed by PGO):"
+    assert lines[3].split()[:4] == [step.name, "linear", "7x13x5+relu", names[2]]
+    assert lines[4].startswith("  timing contended for 1 choice point ")
 
 
 def test_recorded_choices_are_reused_and_damaged_ones_ignored(zoo, tmp_path):
-    from aotpack.tune import gemm_cache
+    from aotpack.tune import choice_cache
 
     graph, _, _ = zoo
     steps = _steps(graph)
-    choices = {steps[0].key: Choice(2, (3.0, 2.0, 1.0), True, False),
-               steps[1].key: Choice(0, (1.0, 2.0, 3.0), True, True)}  # cached: not written again
+    choices = {steps[0].choice_id: Choice(2, (3.0, 2.0, 1.0), True, False),
+               steps[1].choice_id: Choice(0, (1.0, 2.0, 3.0), True, True)}  # cached: not written again
     device = backends.get("cpu").device()
-    gemm_cache.write_all(tmp_path, graph, choices, device.tuning_key(2))
-    found = gemm_cache.read_all(tmp_path, graph, device.tuning_key(2))
-    assert list(found) == [steps[0].key]
-    assert found[steps[0].key].kernel_key == steps[0].variants[2].name
-    assert found[steps[0].key].timings_us == (3.0, 2.0, 1.0)
-    assert gemm_cache.read_all(tmp_path, graph, device.tuning_key(1)) == {}  # another device limit: timed again
+    choice_cache.write_all(tmp_path, steps, choices, device.tuning_key(2))
+    found = choice_cache.read_all(tmp_path, steps, device.tuning_key(2))
+    assert list(found) == [steps[0].choice_id]
+    assert found[steps[0].choice_id].candidate == steps[0].variants[2].name
+    assert found[steps[0].choice_id].timings_us == (3.0, 2.0, 1.0)
+    assert choice_cache.read_all(tmp_path, steps, device.tuning_key(1)) == {}  # another device limit: timed again
     # a kernel a variant launches compiles differently (template, solver, toolchain): timed again
     template_kernels = {s.kernel.kernel_id for v in steps[0].variants for s in v.steps if hasattr(s, "kernel")}
     assert template_kernels
-    assert gemm_cache.read_all(tmp_path, graph, device.tuning_key(2), {kid: "changed" for kid in template_kernels}) == {}
+    assert choice_cache.read_all(tmp_path, steps, device.tuning_key(2), {kid: "changed" for kid in template_kernels}) == {}
     (record,) = tmp_path.iterdir()
     record.write_text("{not json")
-    assert gemm_cache.read_all(tmp_path, graph, device.tuning_key(2)) == {}
+    assert choice_cache.read_all(tmp_path, steps, device.tuning_key(2)) == {}
 
 
 def test_identical_gemm_steps_are_twins_of_the_first():
     """The three linear + tanh layers do the same work on their own weights: one key; the
     head (another shape) and every step of the zoo (all different) are their own."""
     graph = lower(export_model(load_model_file(REPEATED)), backends.get("cpu"))
-    keys = [s.key for s in _steps(graph)]
+    keys = [s.choice_id for s in _steps(graph)]
     assert [s.epilogue for s in _steps(graph)] == ["tanh", "tanh", "tanh", "none"]
     assert gemm_twins(graph) == {keys[0]: keys[0], keys[1]: keys[0], keys[2]: keys[0], keys[3]: keys[3]}
 
@@ -297,7 +301,7 @@ def test_a_template_tiling_estimated_far_behind_the_best_is_not_compiled(tmp_pat
     off = Settings.from_env(topn=3, tiny_kernel_us=0.0, far_behind_factor="0", device_limit="2")
     assert candidates.shortlist(winograd, cpu, limits, off) == tuple(space)
     # a winner recorded by a build without the shortcut is still replayed (--tuning-from)
-    recorded = replay.RecordedWinner(space[1].kernel_key, space[1].tiling_repr, (1.0,))
+    recorded = replay.RecordedWinner(space[1].kernel_key, (1.0,))
     replayed = candidates.prepare(graph, cpu, settings, {winograd.kernel_id: recorded})
     assert replayed[winograd.kernel_id].candidates == (space[1],)
     assert cpu.ranks_tilings(winograd)
