@@ -16,18 +16,13 @@ from aotpack.errors import AotpackError
 log = logging.getLogger("aotpack")
 
 #: A kernel whose default tiling the backend estimates under this many us compiles only its
-#: default (``candidates.shortlist``). MobileNetV3-Small, --topn 3, 2 threads: 16 of its 57
-#: kernels were under it (squeeze-excite 1x1 convolutions and means), and had run 0-0.74 us
-#: faster with their best candidate than with their default, 1.9 us of a 3.4 ms model; with the
-#: 15 epilogue kernels of the extern-library alternatives of those convolutions, 62 of 356 compiles.
-#: With the cost model's cache tier (``cost_model.CACHE_RESIDENT_BYTES``): 25 of its 58.
+#: default (``candidates.shortlist``): tuning such kernels saved next to nothing per run but
+#: cost many compiles (docs/measurements.md, "Tiny kernels compile only their default").
 DEFAULT_TINY_KERNEL_US = env.TINY_KERNEL_US.default
 #: A candidate estimated this many times its kernel's best is not compiled, where the backend's
-#: estimates rank the kernel's tilings (``candidates._without_far_behind``). ResNet-18,
-#: MobileNetV3-Small and ViT-S/16 at --topn 3 (Zen 3, 2 threads): the 48 template candidates
-#: estimated 1.46-3.8x their kernel's best measured 1.12-2.7x its winner (25 of them 1-thread
-#: twins, which save timing, not a compile); one estimated 1.38x (a 1x1 stride-2 convolution,
-#: its copy then at 10 GB/s) won by 12%, hence 1.4, not 1.3.
+#: estimates rank the kernel's tilings (``candidates._without_far_behind``): just above
+#: the highest estimate of a candidate that still won when timed (docs/measurements.md,
+#: "Far-behind candidates are not compiled").
 DEFAULT_FAR_BEHIND_FACTOR = env.FAR_BEHIND_FACTOR.default
 #: Share of the solver's space the cost model keeps for compiling and PGO.
 DEFAULT_COSTMODEL_RATIO = env.COSTMODEL_RATIO.default

@@ -9,8 +9,8 @@ stable boundary (opaque handles, status codes, a thread-local error message, no 
 Each call goes through ``_aotpack_binding``, a small CPython extension built beside the
 runtime library (``native/python/binding.cpp``) when Python's headers are there: it passes
 the inputs' TensorImpls to ``aotpack_model_run_torch`` and wraps the outputs as torch
-tensors in C++: views_cat takes 3.2-3.3 us per call, against 5.6 us through ctypes before
-it (2 threads). It calls the runtime through the function addresses ctypes resolved, so
+tensors in C++, which cuts the per-call cost (docs/measurements.md, "In-process calls").
+It calls the runtime through the function addresses ctypes resolved, so
 both always use the one library that loaded the model. Without the extension (no Python
 headers when the runtime was built, another Python version, ``AOTPACK_BINDING=ctypes``) the
 same path runs through ctypes. Either way the foreign call runs without the GIL, so threads run
@@ -24,9 +24,8 @@ subclasses, autograd or conjugate tensors, which the runtime refuses before runn
 goes by DLPack: one export per input (torch's own exporter, two capsule calls that hand
 its DLManagedTensorVersioned over). Then one ctypes call of the run without argtypes,
 over pointer arrays the model keeps, and one capsule plus torch's importer per output.
-The DLPack export and take of an input cost ~4 us from Python, and more after a kernel
-that has evicted the interpreter's caches (views_cat: two inputs, ~33 us above the C
-API's own run by DLPack, ~10 us by TensorImpl, measured interleaved at 1 thread).
+A DLPack export and take costs several times the TensorImpl path per input
+(docs/measurements.md, "In-process calls").
 
 Zero copy: inputs go in as the caller's own tensor or the producer's own DLPack export
 (``__dlpack__``), which the runtime adopts; either way it keeps the memory alive while an
@@ -139,9 +138,9 @@ class Model:
     def _describe(self, handle: ctypes.c_void_p) -> None:
         """The signature and names from the runtime's accessors, and the runner over ``handle``.
 
-        Not from manifest.json: parsing it in Python (MobileNetV3-Small's is 132 KB, mostly
-        file and tuning records) made a repeat load 8.3 instead of 7.5 ms; ``manifest``
-        parses it when first read (its text is kept, so it can be read after ``close``)."""
+        Not from manifest.json: parsing it in Python (mostly file and tuning records) slowed
+        a repeat load (docs/measurements.md, "In-process calls"); ``manifest`` parses it
+        when first read (its text is kept, so it can be read after ``close``)."""
         text = ctypes.c_char_p()
         if self._lib.aotpack_model_manifest_json(handle, ctypes.byref(text)):
             raise AotpackError(c_api.last_error(self._lib))

@@ -13,8 +13,7 @@
   attempt. A clean sample is the candidate's time plus little noise and the leader's low
   quantile is at least its time, so the pruned one is that much slower; its estimate comes
   from the rounds it ran. Most of what it saves is extern library calls beside a GEMM
-  template and one-thread twins of long kernels (ViT-S/16 at ``--topn 3``: 22 candidates, at
-  least 0.18 s of samples skipped);
+  template and one-thread twins of long kernels;
 * around every sample, the time this process's threads spent runnable but waiting on
   the run queue (the device's probe, ``Device.run_delay_probe``: the direct signal of
   preemption; without one, wall time minus this thread's CPU time). A sample whose
@@ -29,11 +28,9 @@
   stole more than ``STOLEN_SHARE`` of the timing's wall time, and ``STOLEN_MIN_TICKS`` ticks
   or more, from this virtual machine (``Device.steal_ticks``).
   Stolen time is invisible to the run-queue probe:
-  the guest's threads look as if they ran. On this project's 2-core VM a build once
-  timed three of ResNet-18's 2-thread convolutions at their 1-thread time (1022 us
-  against 1036 us; 535 us against 1050 us when re-timed later) and shipped them at
-  1 thread, with no sample marked contended. The less disturbed of the two looks is
-  kept (``_second_look``).
+  the guest's threads look as if they ran, so a build could ship a multi-thread kernel at
+  one thread with no sample marked contended (docs/measurements.md, "The second look after
+  stolen time"). The less disturbed of the two looks is kept (``_second_look``).
 
 ``decide`` picks the winner over one or more ``Timing`` (input sets): the candidate
 fewest threads first, then first in the cost order (the solver's order), that no other
@@ -47,9 +44,9 @@ Estimate: the ``LOW_QUANTILE`` quantile of a candidate's samples, not the mean o
 A candidate is deterministic work on fixed tensors; every source of noise (preemption,
 interrupts, another process's cache traffic, a worker thread woken late) only *adds*
 time, so the fastest samples are the least disturbed ones and the right tail measures
-the machine, not the kernel. The median moves with the load (a 2-thread kernel whose
-second thread waits for a time slice reads ~24 ms instead of ~20 us on a 2-core host
-running one other busy process); a low quantile does not while some samples are clean.
+the machine, not the kernel. The median moves with the load (a preempted worker thread
+costs a whole time slice; docs/measurements.md, "A low quantile, not the median"); a low
+quantile does not while some samples are clean.
 Not the bare minimum: one sample cut short by timer granularity or a lucky cache state
 would decide alone; the 0.2 quantile needs a few fast samples that agree.
 """
@@ -101,10 +98,8 @@ UNSCALED_MIN_US = 200.0
 #: time...
 STOLEN_SHARE = 0.05
 #: ...and at least this many clock ticks of it. The steal column counts whole ticks (10 ms)
-#: of time accumulated since boot, so one tick moving in a short timing says little: on this
-#: project's idle 2-core VM (~1% steady steal) one tick moved in 19 of 199 windows of 100 ms,
-#: never two, and a ResNet-18 build paused for 5-7 such second looks (3-3.6 s of its 9 s
-#: autotune). The bursts that fool a choice steal tens of ticks.
+#: since boot, so one tick moving in a short timing says little, while the bursts that fool a
+#: choice steal tens of ticks (docs/measurements.md, "The second look after stolen time").
 STOLEN_MIN_TICKS = 2
 #: Pause before that attempt (s): a burst of stolen time lasts a second or so.
 UNSCALED_PAUSE_S = 0.5
@@ -344,11 +339,9 @@ def clearly_faster(a: int, b: int, timings: list[Timing], estimates: list[float]
     upper bound on ``a``'s time and a lower one is no evidence against ``a``. What ``b``'s
     sample proves: its time when clean, else its time minus its run-queue wait (a
     preempted ``b`` counts as fast as it could have been). So a clearly faster candidate
-    wins when the other is preempted throughout (a busy machine once kept ATen at
-    27265 us over the template's 964 us) and when it is itself preempted throughout
-    (a load of 6 on 2 cores kept ATen's 55 ms over a convolution template's 12.6 ms,
-    both preempted in every round), and a preempted ``a`` never wins on a sample that is
-    not below ``b``'s.
+    wins when the other is preempted throughout and when it is itself preempted throughout
+    (both seen on busy machines: docs/measurements.md, "Preempted comparisons"), and a
+    preempted ``a`` never wins on a sample that is not below ``b``'s.
     """
     if not estimates[a] < estimates[b] * (1.0 - TIE_MARGIN):
         return False

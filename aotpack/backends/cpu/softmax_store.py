@@ -15,20 +15,16 @@ writes no output there and prefetches the input only), and its ``exp`` is
 The streamed variant (``Tiling.stream``, ``streams``) keeps a row's ``exp`` values in a
 buffer on the thread's stack and writes the scaled row with non-temporal stores
 (``ap_store_scaled_streaming``): a plain store first reads the output line into the cache,
-so a softmax too big for the caches moves 3 bytes per output byte where this moves 2.
-4096 x 4096 float32 in the model, Zen 4, interleaved, with ``STREAM_CHUNK`` and the lane
-sums of ``_exp_loop``, against the plain stored form before both: 7575 against 9348 us at
-1 thread (0.81x), 5114 against 5875 us at 2 (0.87x).
+so a softmax too big for the caches moves 3 bytes per output byte where this moves 2
+(docs/measurements.md, "Non-temporal stores").
 
 Rows of more than ``ONLINE_CHUNK`` elements defer each row's scaled store into the next
 row's exp loop (``KernelBody.thread_lines``: a thread keeps two row buffers and the pending
 row's factors; its last row is stored after its loop, then one fence). Stored in a pass of
 its own, the row's writes waited while ``exp`` ran and the reads waited while the row was
 written; interleaved, the compute-bound exp loop also carries the previous row's writes and
-(``STREAM_PREFETCH_LOCALITY``) the next row's reads. 4096 x 4096 through ``aotpack.load``,
-interleaved, two runs: 6.8 / 6.3 ms against 8.1 / 7.8 ms at 1 thread (0.81-0.84x; torch's
-``copy_`` of the same bytes took 6.9 / 5.9 ms), 3.7 / 4.4 against 4.6 / 5.3 ms at 2
-threads. The pending blocks go in mirrored order (``_mirrored_block_lines``).
+(``STREAM_PREFETCH_LOCALITY``) the next row's reads (docs/measurements.md, "Deferred row
+stores"). The pending blocks go in mirrored order (``_mirrored_block_lines``).
 It is offered only for outputs of at least ``STREAM_MIN_BYTES`` (a smaller output would be
 in the cache for the kernel that reads it next); PGO picks between the two.
 

@@ -25,49 +25,43 @@ from aotpack.codegen.render import include_dir
 
 CXX = env.get(env.CXX)  # read once, when the backend is imported
 #: Flags of every static kernel. No -ffast-math: masks use -inf and NaN must survive.
-#: -O3, not -O2: at -O2 MobileNetV3-Small's 171 candidates compiled in 0.84x the time (18.2
-#: against 21.8 s, one at a time) but the model ran 1.16-1.18x slower (Zen 3, interleaved;
-#: which kernels lost was not broken down).
+#: -O3, not -O2: -O2 compiles faster but the models ran slower (docs/measurements.md,
+#: "Kernels at -O3").
 KERNEL_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
                 "-fno-math-errno", "-fno-trapping-math", "-fno-exceptions", "-pipe", "-nodefaultlibs"]
 #: How kernels and wrappers are linked, for a fast dlopen (a model loads two libraries per
-#: kernel: MobileNetV3-Small's 114 took 4.8 ms, 3.65 ms linked so). noseparate-code puts the
-#: ELF headers, code and read-only data in one executable segment, binutils' layout before
-#: 2.31: two mappings per library instead of four. The cost: constants and headers become
-#: executable bytes, more gadgets for an exploit of a memory bug elsewhere in the process.
-#: RELRO stays: -z norelro saved another 0.95 ms over those 114 libraries, but would leave
-#: .dynamic, .fini_array and the GOT writable in every kernel the runtime loads.
+#: kernel). noseparate-code puts the ELF headers, code and read-only data in one executable
+#: segment, binutils' layout before 2.31: two mappings per library instead of four. The cost:
+#: constants and headers become executable bytes, more gadgets for an exploit of a memory bug
+#: elsewhere in the process. RELRO stays: -z norelro would leave .dynamic, .fini_array and
+#: the GOT writable in every kernel the runtime loads (docs/measurements.md, "Fast-loading link").
 LOAD_FAST_LINK = ["-Wl,-z,noseparate-code"]
 #: What a kernel links: g++'s default libraries less libstdc++, whose symbols no kernel uses
 #: (Winograd's <utility> is header-only); -fno-exceptions drops the personality routine that
-#: OpenMP regions' terminate-on-throw cleanups would take from it. Linking libstdc++ took
-#: ~12 ms of each ~100 ms kernel compile; with -pipe (no temporary assembly file) a kernel
-#: compiles in 0.85x the time (16 MobileNetV3-Small candidates, Zen 3). Kernels use GCC's
+#: OpenMP regions' terminate-on-throw cleanups would take from it. Both that and -pipe (no
+#: temporary assembly file) shorten every kernel compile (docs/measurements.md, "Kernels link
+#: without libstdc++, compile with -pipe"). Kernels use GCC's
 #: OpenMP ABI (GOMP_*), so $CXX must be g++ or a compiler emitting it (clang's -fopenmp
 #: emits libomp's __kmpc_* calls, which -lgomp does not provide).
 KERNEL_LIBS = ["-lm", "-lgomp", "-lgcc_s", "-lpthread", "-lc", "-lgcc_s", *LOAD_FAST_LINK]
 #: A kernel source whose leading comment holds this line compiles at -O2 instead (the flag is
 #: in the source, so the build cache and the binary store, keyed on the source, follow it).
 #: The direct convolution template carries it: its inner loops are explicit vectors unrolled
-#: by pragmas, where -O3's loop passes have nothing left to gain. ResNet-18's 25 and
-#: MobileNetV3-Small's 33 candidates of it compiled in 4.4 and 3.9 s against 10.8 and 7.9 s
-#: at -O3, and both models ran level (0.95-1.04x at 1 and 2 threads, interleaved, Zen 3).
-#: The Winograd and lanes templates stay at -O3: at -O2 their models ran 4-12% slower.
+#: by pragmas, where -O3's loop passes have nothing left to gain: it compiles in under half
+#: the time and runs level. The Winograd and lanes templates stay at -O3, where they run
+#: faster (docs/measurements.md, "The direct convolution template at -O2").
 O2_MARK = "// aotpack: compile at -O2"
 #: A wrapper is glue (a kernel_key lookup and one indirect call per launch), compiled once per
 #: toolchain (wrapper_slot: each kernel's map is written into that binary; PGO launches through
-#: it, the archive ships it): -O0 builds it in 0.11-0.17 s against 0.17-0.26 s at
-#: -O2 (mobilenetv3_small: 130 wrappers) and costs 10 ns more per launch (19 against 9 ns
-#: through dlopen, a no-op kernel), under 1 us per run for a 73-launch model.
+#: it, the archive ships it): -O0 builds it faster and costs only ~10 ns more per launch
+#: (docs/measurements.md, "Wrappers at -O0 without libstdc++").
 WRAPPER_FLAGS = ["-O0", "-fPIC", "-shared", "-std=c++17", "-pipe", "-nodefaultlibs"]
-#: A wrapper calls libc and dlopen only (C headers): without libstdc++ and <cstdio> a wrapper
-#: compiles in 0.74x the time (38.5 against 52.4 ms, median of 12 wrappers x 3, Zen 3).
+#: A wrapper calls libc and dlopen only (C headers), so it links without libstdc++, which
+#: compiles it faster.
 WRAPPER_LIBS = ["-ldl", "-lc", *LOAD_FAST_LINK]
-#: model.so is glue (one long function of calls into kernels and ATen), compiled at -O0:
-#: MobileNetV3-Small's 1151-line model.cpp in 0.15 s against 0.54 s at -O1 (GCC's alias walking
-#: and dead-store passes over the long function are most of -O1), and bert_tiny ran level
-#: (580.5 against 580.4 us, 1 thread, 60 interleaved rounds: a launch is a few calls through
-#: the host table either way). -O1 had been ~75% of -O2's compile time, latency level too.
+#: model.so is glue (one long function of calls into kernels and ATen), compiled at -O0: a
+#: launch is a few calls through the host table at any level, and -O1's passes over the long
+#: function cost most of its compile (docs/measurements.md, "model.so at -O0").
 MODEL_FLAGS = ["-O0", "-fPIC", "-shared", "-std=c++17", "-pipe"]
 MODEL_LIBS = ["-ldl"]
 #: A compile that runs longer than this is stuck (a kernel TU takes well under 10 s).
