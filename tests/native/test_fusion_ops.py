@@ -55,7 +55,7 @@ def test_mobilenet_block_relu6_and_hardswish_fuse(tmp_path, cache_dir, monkeypat
     only the convolutions stay extern: hardswish is a post-op, and ReLU6, which oneDNN does
     not fuse here, joins the kernels that read it (the squeeze-excite mean and scale, the
     head's clamp)."""
-    monkeypatch.setattr(autotune, "time_functions", lambda fns: fixed_timing([1.0 + i for i in range(len(fns))]))
+    monkeypatch.setattr(autotune, "time_functions", lambda fns, *_: fixed_timing([1.0 + i for i in range(len(fns))]))
     monkeypatch.setattr(choice_cache, "read_all", lambda *args: {})
     monkeypatch.setattr(choice_cache, "write_all", lambda *args: None)
     path = MODELS / "mobilenet_block.py"

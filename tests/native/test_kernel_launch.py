@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from aotpack import env
 from aotpack.archive import layout
 from aotpack.backends.cpu import cpp_wrapper
 from aotpack.backends.cpu import launch_abi, wrapper_slot
@@ -214,7 +215,7 @@ def _archive(tmp_path: Path, kernel_dir: Path) -> Path:
     source = render("model.cpp.j2", kernels=[lit], ops=[], typed=[], pack_lines=[], num_packed=0, panel_packs=False,
                     run_lines=run_lines, array_lines=array_lines, num_constants=0, num_inputs=1,
                     num_outputs=1, abi_version=cpp_wrapper.MODEL_ABI_VERSION, name="wsk", version="0.1.0",
-                    aotpack_version="test", device_limit=3)
+                    aotpack_version="test", device_limit=3, profile_variable=env.PROFILE.name)
     (tmp_path / "model.cpp").write_text(source)
     subprocess.run([*FLAGS, f"-I{INCLUDE / 'aotpack'}", str(tmp_path / "model.cpp"), "-o",
                     str(tmp_path / "model.so"), "-ldl"], check=True)
