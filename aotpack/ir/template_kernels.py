@@ -96,11 +96,11 @@ class GemmKernel(TemplateKernel):
                  f"  in1: float32 weight panels [{self.panels}, {self.k}, {self.panel}]"]
         if self.has_bias:
             lines.append(f"  in2: float32 bias [{self.panels * self.panel}]")
-        if self.epilogue == "add":
+        if GEMM_EPILOGUES[self.epilogue].reads_residual:
             lines.append(f"  in{len(self.inputs) - 1}: float32 residual[m, n] at {self.residual_offset} + "
                          f"m*{self.residual_row_stride} + n")
         y = "a @ weight" + (" + bias" if self.has_bias else "")
-        lines.append(f"  out0: float32[{self.m}, {self.n}] = {GEMM_EPILOGUES[self.epilogue]} where y = {y}")
+        lines.append(f"  out0: float32[{self.m}, {self.n}] = {GEMM_EPILOGUES[self.epilogue].text} where y = {y}")
         return lines
 
 
@@ -111,11 +111,11 @@ def conv_output_lines(kernel, conv: str, c_out: int) -> list[str]:
     n = kernel.x_shape[0]
     oh, ow = kernel.out_hw
     lines = []
-    if kernel.epilogue in ("add", "add_relu"):
+    if CONV_EPILOGUES[kernel.epilogue].reads_residual:
         lines.append(f"  in{len(kernel.inputs) - 1}: float32 residual[{n}, {c_out}, {oh}, {ow}] contiguous "
                      f"at {kernel.residual_offset}")
     y = conv + (" + bias" if kernel.has_bias else "")
-    return lines + [f"  out0: float32[{n}, {c_out}, {oh}, {ow}] = {CONV_EPILOGUES[kernel.epilogue]} where y = {y}"]
+    return lines + [f"  out0: float32[{n}, {c_out}, {oh}, {ow}] = {CONV_EPILOGUES[kernel.epilogue].text} where y = {y}"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -464,5 +464,5 @@ class DepthwiseConvKernel(TemplateKernel):
             lines.append(f"  in2: float32 bias[c] at {self.bias_offset} + c*{self.bias_stride}")
         y = "depthwise_conv(x, weight)" + (" + bias" if self.has_bias else "")
         lines.append(f"  out0: float32[{self.batch}, {self.channels}, {oh}, {ow}] = "
-                     f"{DEPTHWISE_EPILOGUES[self.epilogue]} where y = {y}")
+                     f"{DEPTHWISE_EPILOGUES[self.epilogue].text} where y = {y}")
         return lines

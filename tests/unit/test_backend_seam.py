@@ -41,8 +41,6 @@ ALLOWED = {
     ("ir/gemm.py", "oneDNN"): "as MKL",
     ("ir/gemm.py", "ISA"): "as MKL: why packed weights are not shipped",
     ("ir/gemm.py", ".cpp"): "as MKL: model.cpp packs weights at load",
-    ("ir/epilogues.py", "oneDNN"): "template epilogue names 'as oneDNN's post-ops'; the epilogue tables become "
-                                   "kernel-IR expressions in the choice abstraction (issue 46 item 3)",
     ("env.py", ".so"): "the registry documents the native runtime's variables, whose doc lines name model.so and "
                        "libaotpack_runtime.so; the runtime is not behind a device interface yet",
     ("env.py", ".cpp"): "as .so: AOTPACK_DEBUG's doc line names model.cpp",

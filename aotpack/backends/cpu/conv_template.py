@@ -50,7 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
-from aotpack.backends.cpu.gemm_template import (_EPILOGUE_CPP, L2_BLOCK_BYTES, LONG_K_BLOCK,
+from aotpack.backends.cpu.epilogue import scalar
+from aotpack.backends.cpu.gemm_template import (L2_BLOCK_BYTES, LONG_K_BLOCK,
                                                 PARALLEL_MIN_FLOPS, WHOLE_K_BLOCK_BYTES,
                                                 VECTOR_BYTES, latency_rows, tile_choices, tile_width, wide_speedup,
                                                 wide_suffix)
@@ -388,27 +389,18 @@ def lanes_waste(kernel: ConvKernel, tiling: ConvTiling) -> float:
     return -(-computed // tiling.nr) * tiling.nr / (oh * ow)
 
 
-_CONV_EPILOGUE_CPP = {**{name: expr for name, expr in _EPILOGUE_CPP.items() if name in CONV_EPILOGUES},
-                      "add_relu": "ap_relu(y)"}
-
-
-def conv_epilogue_cpp(epilogue: str) -> str:
-    """The C++ expression of a convolution ``epilogue`` (``CONV_EPILOGUES``) over ``y`` (the
-    residual, if any, already added), shared by the convolution templates."""
-    return _CONV_EPILOGUE_CPP[epilogue]
-
-
 def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling`` (``cpu_lanes_conv.cpp.j2`` for
     the ``lanes``, ``pointwise`` and ``rows`` layouts, else ``cpu_conv.cpp.j2``)."""
     (n, c_in, h, w), (oh, ow) = kernel.x_shape, kernel.out_hw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
+    epilogue = CONV_EPILOGUES[kernel.epilogue]
     shared = dict(  # what both templates take
         tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w, m=kernel.m, n=kernel.n, panel=kernel.panel,
         vector_bytes=tiling.vector_bytes, mr=tiling.mr, nr=tiling.nr, block_dim=tiling.block_dim,
-        x_offset=kernel.x_offset, has_bias=kernel.has_bias, has_residual=kernel.epilogue in ("add", "add_relu"),
-        residual_offset=kernel.residual_offset, epilogue_expr=_CONV_EPILOGUE_CPP[kernel.epilogue],
-        epilogue_text=f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv(x, W){' + bias' if kernel.has_bias else ''}",
+        x_offset=kernel.x_offset, has_bias=kernel.has_bias, has_residual=epilogue.reads_residual,
+        residual_offset=kernel.residual_offset, epilogue_expr=scalar(epilogue),
+        epilogue_text=f"{epilogue.text} where y = conv(x, W){' + bias' if kernel.has_bias else ''}",
         optional_helpers=[])
     window = dict(oh=oh, ow=ow, kh=kh, kw=kw, ph=ph, pw=pw, dh=dh, dw=dw, workspace=tiling.workspace,
                   copy=tiling.copies(kernel))

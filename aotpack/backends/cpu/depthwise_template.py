@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
+from aotpack.backends.cpu.epilogue import scalar, vector_body
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import DepthwiseConvKernel
 from aotpack.ir.epilogues import DEPTHWISE_EPILOGUES
@@ -186,6 +187,7 @@ def render_kernel(kernel: DepthwiseConvKernel, tiling: DepthwiseTiling) -> str:
     (h, w), (oh, ow), (kh, kw) = kernel.in_hw, kernel.out_hw, kernel.kernel_hw
     bias = " + bias" if kernel.has_bias else ""
     channels = tiling.layout == "channels"
+    epilogue = DEPTHWISE_EPILOGUES[kernel.epilogue]
     return render("cpu_depthwise_channels.cpp.j2" if channels else "cpu_depthwise_conv.cpp.j2",
                   tiling_repr=tiling.tiling_repr, cols=tiling.cols, n=kernel.batch, c=kernel.channels,
                   h=h, w=w, oh=oh, ow=ow, kh=kh, kw=kw, sh=kernel.stride[0], sw=kernel.stride[1],
@@ -196,6 +198,6 @@ def render_kernel(kernel: DepthwiseConvKernel, tiling: DepthwiseTiling) -> str:
                   scratch_floats=(channels_scratch_floats if channels else scratch_floats)(kernel, tiling.lanes),
                   workspace=tiling.workspace, vector_bytes=tiling.vector_bytes, rows=tiling.rows, vecs=tiling.vecs,
                   block_dim=tiling.block_dim,
-                  chunk=_chunk(kernel, tiling.block_dim), epilogue=kernel.epilogue,
-                  epilogue_text=f"{DEPTHWISE_EPILOGUES[kernel.epilogue]} where y = depthwise_conv(x, W){bias}",
+                  chunk=_chunk(kernel, tiling.block_dim), vector_lines=vector_body(epilogue),
+                  lane_expr=scalar(epilogue, "t[j]"), epilogue_text=f"{epilogue.text} where y = depthwise_conv(x, W){bias}",
                   optional_helpers=[])

@@ -9,8 +9,11 @@ compile time) live in ``templates/cpu_math.h.j2``.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
+
+from aotpack.ir.kernel import Const, Op
 
 #: dtypes CPU kernels compute in, with their C++ type.
 C_TYPES = {
@@ -118,28 +121,36 @@ def literal(value, ctype: str) -> str:
     return f"static_cast<{ctype}>({int(value)}LL)"
 
 
-def formula(name: str, params: tuple, dtype: torch.dtype, operand_ctype: str) -> str:
-    """The C++ template of IR op ``name`` with ``params``, result dtype ``dtype``.
+def short_literal(value, ctype: str) -> str:
+    """A finite ``float`` literal as templates write it (``3.0f``); else ``literal``."""
+    if ctype == "float" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return f"{float(value)!r}f"
+    return literal(value, ctype)
+
+
+def formula(name: str, params: tuple, dtype: torch.dtype, operand_ctype: str, spell=literal) -> str:
+    """The C++ template of IR op ``name`` with ``params``, result dtype ``dtype``; ``spell``
+    writes the params as literals (``literal``, or ``short_literal`` in templates).
 
     Raises:
         KeyError: an op the CPU backend cannot render (a lowering/backend mismatch).
     """
     if name in ("add", "sub") and params:  # alpha scales the second operand
-        text = FORMULAS[name].replace("{1}", f"({{1}} * {literal(params[0], '{t}')})")
+        text = FORMULAS[name].replace("{1}", f"({{1}} * {spell(params[0], operand_ctype)})")
     elif name == "clamp":
         low, high = params
         text = "{0}"
         # a NaN bound makes every element NaN (torch.clamp): only ap_max / ap_min test it
         if low is not None:
-            text = f"{'ap_max' if _is_nan(low) else 'ap_max_bound'}({text}, {literal(low, '{t}')})"
+            text = f"{'ap_max' if _is_nan(low) else 'ap_max_bound'}({text}, {spell(low, operand_ctype)})"
         if high is not None:
-            text = f"{'ap_min' if _is_nan(high) else 'ap_min_bound'}({text}, {literal(high, '{t}')})"
+            text = f"{'ap_min' if _is_nan(high) else 'ap_min_bound'}({text}, {spell(high, operand_ctype)})"
     elif name == "fmod" and not dtype.is_floating_point:
         text = INTEGER_FMOD
     else:
         text = FORMULAS[name]
         for k, value in enumerate(params):
-            text = text.replace(f"{{p{k}}}", literal(value, "{t}"))
+            text = text.replace(f"{{p{k}}}", spell(value, operand_ctype))
     return text.replace("{t}", operand_ctype)
 
 
@@ -147,3 +158,68 @@ def optional_helpers(lines) -> list[str]:
     """Groups of ``OPTIONAL_HELPERS`` that the kernel body ``lines`` (C++ text) calls."""
     text = "\n".join(lines)
     return [group for group, calls in OPTIONAL_HELPERS.items() if any(call in text for call in calls)]
+
+
+#: A formula that is one binary operator, ``({0} + {1})``: C writes it infix.
+_BINARY = re.compile(r"^\(\{0\} (\S+) \{1\}\)$")
+#: C's precedence of those operators (lower binds tighter; 0 is an operand that needs no
+#: parentheses, 2 a unary minus).
+_PRECEDENCE = {"*": 3, "/": 3, "%": 3, "+": 4, "-": 4, "<": 6, "<=": 6, ">": 6, ">=": 6, "==": 7, "!=": 7,
+               "&": 8, "^": 9, "|": 10, "&&": 11, "||": 12}
+
+
+def inline(expr, leaves: dict, ctype: str = "float", forms: dict | None = None) -> str:
+    """``expr`` (kernel IR of ``Op`` and ``Const`` nodes) as one C++ expression with only the
+    parentheses C needs and ``short_literal`` constants: what a template splices in.
+
+    ``leaves`` maps nodes to the C++ text that holds them (a template's variables); ``forms``
+    maps op names to formulas that replace ``FORMULAS``' in this template (its own helpers).
+
+    Raises:
+        KeyError: a node that is neither a leaf nor an op the table renders.
+    """
+    return _inline(expr, leaves, ctype, forms or {})[0]
+
+
+def _bare(template: str, slot: str) -> bool:
+    """Whether every use of ``slot`` in ``template`` is a whole call argument."""
+    at = [m.start() for m in re.finditer(re.escape(slot), template)]
+    return all(template[:k].endswith(("(", ", ")) and template[k + len(slot):].startswith((",", ")")) for k in at)
+
+
+def _inline(node, leaves: dict, ctype: str, forms: dict) -> tuple[str, int]:
+    """(C++ text, precedence) of ``node``."""
+    if node in leaves:
+        return leaves[node], 0
+    if isinstance(node, Const):
+        text = short_literal(node.value, ctype)
+        return text, 2 if text.startswith("-") else 0
+    if not isinstance(node, Op):
+        raise KeyError(f"no inline form for {node!r}")
+    template = forms.get(node.name) or formula(node.name, node.params, node.dtype, ctype, spell=short_literal)
+    args = [_inline(a, leaves, ctype, forms) for a in node.args]
+    binary = _BINARY.match(template)
+    if binary:
+        symbol = binary.group(1)
+        precedence = _PRECEDENCE[symbol]
+        (left, lp), (right, rp) = args
+        left = f"({left})" if lp > precedence else left
+        right = f"({right})" if rp >= precedence else right
+        return f"{left} {symbol} {right}", precedence
+    texts = [text if not p or _bare(template, f"{{{k}}}") else f"({text})" for k, (text, p) in enumerate(args)]
+    text = re.sub(r"\{(\d+)\}", lambda m: texts[int(m.group(1))], template)
+    # a call or a parenthesised whole is an operand as it is; anything else is parenthesised
+    return text, 0 if _enclosed(template) else 15
+
+
+def _enclosed(template: str) -> bool:
+    """Whether ``template`` is ``name(...)`` or ``(...)``, its first parenthesis closing at its end."""
+    start = len(template) - len(template.lstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:"))
+    if template[start:start + 1] != "(":
+        return False
+    depth = 0
+    for k, char in enumerate(template[start:], start):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return k == len(template) - 1
+    return False

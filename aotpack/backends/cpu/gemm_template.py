@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from aotpack.backends.base import Candidate
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import GemmKernel
+from aotpack.backends.cpu.epilogue import GEMM_FORMS, scalar
 from aotpack.backends.cpu.templating import render
+from aotpack.ir.epilogues import GEMM_EPILOGUES
 
 #: Bytes of one vector register the template computes in where the target has AVX (the
 #: template falls back to 16, SSE, without it).
@@ -184,28 +186,15 @@ def wide_speedup(vector_bytes: int) -> float:
     return 1.6 if vector_bytes >= 64 else 1.0
 
 
-_EPILOGUE_CPP = {
-    "none": "y",
-    "add": "y",  # the residual is added to y as it is read
-    "relu": "ap_relu(y)",
-    "gelu": "(y * 0.5f) * (gemm_erf(y * 0.70710678118654752f) + 1.0f)",  # the template's inline erf
-    "tanh": "ap::tanh(y)",
-    "sigmoid": "ap_sigmoid(y)",
-    "swish": "y * ap_sigmoid(y)",
-    # clamp(y + 3, 0, 6) as eager decomposes it (NaN stays NaN)
-    "hardswish": "y * ap_min_bound(ap_max_bound(y + 3.0f, 0.0f), 6.0f) / 6.0f",
-    "hardsigmoid": "ap_min_bound(ap_max_bound(y + 3.0f, 0.0f), 6.0f) / 6.0f",
-}
-
-
 def render_kernel(kernel: GemmKernel, tiling: GemmTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling``."""
+    epilogue = GEMM_EPILOGUES[kernel.epilogue]
     return render("cpu_gemm.cpp.j2", tiling_repr=tiling.tiling_repr, m=kernel.m, n=kernel.n, k=kernel.k,
                   panel=kernel.panel, panels=kernel.panels, vector_bytes=tiling.vector_bytes, mr=tiling.mr,
                   kc=min(tiling.kc, kernel.k), mc=tiling.mc, block_dim=tiling.block_dim, nr=tiling.nr,
                   a_offset=kernel.a_offset, a_row_stride=kernel.a_row_stride, has_bias=kernel.has_bias,
-                  has_residual=kernel.epilogue == "add", residual_offset=kernel.residual_offset,
+                  has_residual=epilogue.reads_residual, residual_offset=kernel.residual_offset,
                   residual_row_stride=kernel.residual_row_stride, epilogue=kernel.epilogue,
-                  epilogue_expr=_EPILOGUE_CPP[kernel.epilogue],
+                  epilogue_expr=scalar(epilogue, forms=GEMM_FORMS),
                   epilogue_text=f"{kernel.epilogue}(a @ W^T{' + bias' if kernel.has_bias else ''})",
                   optional_helpers=[])

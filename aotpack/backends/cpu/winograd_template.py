@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aotpack.backends.base import Candidate
-from aotpack.backends.cpu.conv_template import conv_epilogue_cpp
+from aotpack.backends.cpu.epilogue import scalar
 from aotpack.backends.cpu.gemm_template import PARALLEL_MIN_FLOPS, VECTOR_BYTES, tile_width, wide_speedup, wide_suffix
 from aotpack.config import MAX_TOPN
 from aotpack.ir.template_kernels import WinogradConvKernel
@@ -147,12 +147,13 @@ def estimate_us(kernel: WinogradConvKernel, tiling: WinogradTiling, gflops: floa
 def render_kernel(kernel: WinogradConvKernel, tiling: WinogradTiling) -> str:
     """C++ source of ``kernel`` compiled with ``tiling``."""
     (n, c_in, h, w), (oh, ow), (ph, pw) = kernel.x_shape, kernel.out_hw, kernel.padding
+    epilogue = CONV_EPILOGUES[kernel.epilogue]
     return render("cpu_winograd_conv.cpp.j2", tiling_repr=tiling.tiling_repr, batch=n, c_in=c_in, h=h, w=w,
                   n=kernel.c_out, oh=oh, ow=ow, ph=ph, pw=pw, block_tiles=tiling.tiles, mr=tiling.mr, nr=tiling.nr,
                   vector_bytes=tiling.vector_bytes, block_dim=tiling.block_dim, workspace=tiling.workspace,
                   x_offset=kernel.x_offset, has_bias=kernel.has_bias,
-                  has_residual=kernel.epilogue in ("add", "add_relu"), residual_offset=kernel.residual_offset,
-                  epilogue_expr=conv_epilogue_cpp(kernel.epilogue),
-                  epilogue_text=f"{CONV_EPILOGUES[kernel.epilogue]} where y = conv3x3(x, W)"
+                  has_residual=epilogue.reads_residual, residual_offset=kernel.residual_offset,
+                  epilogue_expr=scalar(epilogue),
+                  epilogue_text=f"{epilogue.text} where y = conv3x3(x, W)"
                                 f"{' + bias' if kernel.has_bias else ''}",
                   optional_helpers=[])
