@@ -18,7 +18,7 @@ where there is none): a tile's row then reads consecutive floats over the channe
 a tap, not one float per channel plane (a page apart in a 56x56 layer); the copy costs
 a pass over the input, which a 1x1 convolution with little K may not repay.
 
-``layout`` ``lanes`` renders ``templates/cpu_lanes_conv.cpp.j2`` instead: the GEMM
+``layout`` ``lanes`` renders a ``templates/cpu_lanes_conv*.cpp.j2`` instead: the GEMM
 ``out[N][positions] = W[N][K] @ x windows`` with the positions in the vector lanes. With
 stride 1, one tap of consecutive positions of a row is consecutive floats of x, and over
 the rows of the zero-bordered copy (width W + 2*pw) it is one constant offset for every
@@ -329,7 +329,7 @@ def solve(kernel: ConvKernel, device_limit: int, count: int = MAX_TOPN,
     return unique[:min(count, MAX_TOPN)]
 
 
-#: The layouts ``templates/cpu_lanes_conv.cpp.j2`` renders (positions in the vector lanes);
+#: The layouts the ``templates/cpu_lanes_conv*.cpp.j2`` render (positions in the vector lanes);
 #: the others (``nchw``, ``nhwc``) are the direct template's.
 LANES_LAYOUTS = ("lanes", "pointwise", "rows")
 
@@ -390,8 +390,8 @@ def lanes_waste(kernel: ConvKernel, tiling: ConvTiling) -> float:
 
 
 def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
-    """C++ source of ``kernel`` compiled with ``tiling`` (``cpu_lanes_conv.cpp.j2`` for
-    the ``lanes``, ``pointwise`` and ``rows`` layouts, else ``cpu_conv.cpp.j2``)."""
+    """C++ source of ``kernel`` compiled with ``tiling`` (a ``cpu_lanes_conv`` template for
+    the ``lanes``, ``pointwise`` and ``rows`` layouts, ``_lanes_template``; else ``cpu_conv.cpp.j2``)."""
     (n, c_in, h, w), (oh, ow) = kernel.x_shape, kernel.out_hw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel.kernel_size, kernel.stride, kernel.padding, kernel.dilation
     epilogue = CONV_EPILOGUES[kernel.epilogue]
@@ -406,14 +406,25 @@ def render_kernel(kernel: ConvKernel, tiling: ConvTiling) -> str:
                   copy=tiling.copies(kernel))
     if tiling.layout in LANES_LAYOUTS:
         phase_rows, phase_cols, hq, wq = lanes_phases(kernel)
-        staged = tiling.layout == "rows"
-        return render("cpu_lanes_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, strided=(sh, sw) != (1, 1),
-                      phase_rows=phase_rows, phase_cols=phase_cols, hq=hq, wq=wq, dense=wq == ow, staged=staged,
+        staged, strided = tiling.layout == "rows", (sh, sw) != (1, 1)
+        # dense: a tile's positions are consecutive positions of out (a staged tile's lie in one row)
+        return render(_lanes_template(staged, strided), **shared, **window, sh=sh, sw=sw, strided=strided,
+                      phase_rows=phase_rows, phase_cols=phase_cols, hq=hq, wq=wq, dense=staged or wq == ow,
                       pitch=staged_pitch(kernel, tiling.nr) if staged else 0)
     return render("cpu_conv.cpp.j2", **shared, **window, sh=sh, sw=sw, k=kernel.k, panels=kernel.panels,
                   mc=tiling.mc, kc=tiling.kc, padded_bytes=image_region(kernel, tiling.layout),
                   partial_bytes=partial_bytes(kernel, tiling.kc), nhwc=tiling.layout == "nhwc",
                   tap_unroll=_tap_unroll(kw, tiling.layout), o2_mark=O2_MARK)
+
+
+def _lanes_template(staged: bool, strided: bool) -> str:
+    """The lanes convolution's template for how its tiles read x: rows staged as they go
+    (layout ``rows``), the image's stride phases (a strided ``lanes``), or the image itself or
+    its zero-bordered copy (``lanes`` of stride 1, ``pointwise``). Each extends
+    ``cpu_lanes_conv.cpp.j2``."""
+    if staged:
+        return "cpu_lanes_conv_rows.cpp.j2"
+    return "cpu_lanes_conv_phases.cpp.j2" if strided else "cpu_lanes_conv_image.cpp.j2"
 
 
 def _tap_unroll(kw: int, layout: str) -> int:
