@@ -1,21 +1,20 @@
-// Can this process run the archive? torch version, backend, CPU features, ABI versions.
+// Can this process run the archive? backend, torch version, the device's target, ABI versions.
 #pragma once
 
+#include <cstdint>
 #include <string>
-#include <vector>
 
 #include "manifest.h"
 
 namespace aotpack::detail {
 
-/// Throws aotpack::Error unless the manifest's backend, torch major.minor, target_isa
-/// features and model ABI version all match this runtime and this CPU.
-void check_compatibility(const Manifest& manifest);
+class Device;
 
-/// The features of `features` this CPU lacks, each as a message fragment ("avx512f", or
-/// "'foo' (unknown feature name)"). Names are matched case-insensitively, ignoring '.',
-/// '_' and '-', so "sse4.2", "sse4_2" and "avx512_vnni" (the /proc/cpuinfo spelling) work.
-std::vector<std::string> missing_cpu_features(const std::vector<std::string>& features);
+/// Throws aotpack::Error unless the manifest's backend names a device of this runtime
+/// (device.h), its torch major.minor matches, that device accepts its target
+/// (Device::check_target) and its model ABI version matches; checked in that order.
+/// Returns the backend's device.
+const Device& check_compatibility(const Manifest& manifest);
 
 /// "MAJOR.MINOR" of a packed ABI version ((MAJOR << 16) | MINOR), e.g. 0x20000 -> "2.0".
 std::string abi_version_text(int64_t packed);

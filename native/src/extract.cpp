@@ -8,7 +8,7 @@
 
 #include "aotpack/runtime.h"  // AOTPACK_SIGNATURE_*
 #include "archive.h"
-#include "elf_check.h"
+#include "device.h"
 #include "safetensors.h"
 #include "sha256.h"
 #include "signature.h"
@@ -45,12 +45,12 @@ EntryHeader expect_entry(ArchiveReader& reader, const char* path, uint64_t* seen
   return header;
 }
 
-// Streams the current entry to `root/path` (nowhere when `root` is "") while hashing;
-// returns the hex digest.
+// Streams the current entry to `root/path` (nowhere when `root` is "") while hashing, as a
+// file of permissions `mode`; returns the hex digest.
 std::string stream_entry(ArchiveReader& reader, const EntryHeader& header,
-                         const std::string& root, std::vector<char>& chunk) {
+                         const std::string& root, int mode, std::vector<char>& chunk) {
   const std::string full = root + "/" + header.path;
-  const int fd = root.empty() ? -1 : create_new_file(root, header.path, ends_with(header.path, ".so") ? 0755 : 0644);
+  const int fd = root.empty() ? -1 : create_new_file(root, header.path, mode);
   Sha256 hash;
   uint64_t done = 0;
   try {
@@ -126,6 +126,8 @@ void VerifiedArchive::extract_to(const std::string& root) {
   extracted_ = true;
   std::unordered_set<std::string> written;
   std::vector<char> chunk(kChunk);
+  // The manifest's backend passed check_compatibility before anything is extracted.
+  const Device* device = root.empty() ? nullptr : &device_for_backend(manifest_.backend);
   EntryHeader& header = next_;
   for (; have_next_; have_next_ = next_file(reader_, &header, &seen_, limits_)) {
     if (is_manifest_entry(header.path))
@@ -137,7 +139,8 @@ void VerifiedArchive::extract_to(const std::string& root) {
     if (header.size != it->second.size)
       fail("entry '" + header.path + "' is " + std::to_string(header.size) +
            " bytes, manifest.json says " + std::to_string(it->second.size));
-    if (stream_entry(reader_, header, root, chunk) != it->second.sha256)
+    const int mode = device && device->is_binary(header.path) ? 0755 : 0644;
+    if (stream_entry(reader_, header, root, mode, chunk) != it->second.sha256)
       fail("sha256 mismatch for '" + header.path + "' (the archive is corrupt or was modified)");
     written.insert(header.path);
   }
@@ -160,14 +163,15 @@ void VerifiedArchive::extract_to(const std::string& root) {
 }
 
 void check_file_contents(const Manifest& manifest, const std::string& root) {
+  const Device& device = device_for_backend(manifest.backend);
   std::vector<std::string> objects, tensor_files;
   for (const auto& [path, record] : manifest.files) {
-    if (ends_with(path, ".so") || path == manifest.model_library) objects.push_back(path);
+    if (device.is_binary(path) || path == manifest.model_library) objects.push_back(path);
     if (ends_with(path, ".safetensors")) tensor_files.push_back(path);
   }
   std::sort(objects.begin(), objects.end());
   std::sort(tensor_files.begin(), tensor_files.end());
-  for (const std::string& path : objects) check_elf(root + "/" + path, path);
+  for (const std::string& path : objects) device.check_binary(root + "/" + path, path);
   for (const std::string& path : tensor_files) {
     const auto mapped = MappedFile::open(root + "/" + path);
     try {

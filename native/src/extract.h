@@ -57,8 +57,9 @@ class VerifiedArchive {
 };
 
 /// The content checks of docs/archive.md rule 6 on the files under `root`, in the order
-/// aotpack/archive/reader.py makes them: check_elf on every listed `.so` and on model.library
-/// (whatever its name: it is dlopened), then parse_safetensors on every `.safetensors`
+/// aotpack/archive/reader.py makes them: the backend's Device::check_binary on each of its
+/// binaries (the CPU: every `.so`, an ELF check) and on model.library (whatever its name: it
+/// is dlopened), then parse_safetensors on every `.safetensors`
 /// (weights and self-test), each in path order. Throws aotpack::Error naming the file.
 void check_file_contents(const Manifest& manifest, const std::string& root);
 

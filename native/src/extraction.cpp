@@ -287,7 +287,7 @@ int lock_entry(const std::string& entry) {
 // Everything about `entry` a load relies on, before any of it is used: its folder and
 // every folder and file in it private to this user, its marker and manifest those of
 // `archive`, every file's sha256 the manifest's (the weights hashed through the mapping
-// the model then uses), every .so passing check_elf.
+// the model then uses), every binary passing the device's check_binary.
 Proof prove_entry(const std::string& entry, const VerifiedArchive& archive) {
   Proof proof;
   struct stat st{};

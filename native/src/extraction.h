@@ -30,10 +30,10 @@ class Extraction {
   /// level of its path a folder owned by this user that no one else can write, every
   /// file's sha256 equal to the manifest's), or a new extraction, every file checked
   /// against the manifest's sha256 while it is written. A poisoned entry is moved aside
-  /// and re-extracted. Every .so has passed check_elf. `check(manifest)` runs before any
-  /// file is written or reused and may throw to refuse it. `manifest` receives the parsed
-  /// manifest. A new extraction is not in the cache until publish(). Throws
-  /// aotpack::Error; nothing is left behind on error.
+  /// and re-extracted. Every binary has passed its device's check_binary.
+  /// `check(manifest)` runs before any file is written or reused and may throw to refuse
+  /// it. `manifest` receives the parsed manifest. A new extraction is not in the cache
+  /// until publish(). Throws aotpack::Error; nothing is left behind on error.
   static Extraction open(const std::string& archive_path, const Limits& limits,
                          const Options& options,
                          const std::function<void(const Manifest&)>& check, Manifest* manifest);

@@ -3,9 +3,7 @@
 #include "host.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/core/stack.h>
-#include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 
 #include <deque>
@@ -13,7 +11,7 @@
 #include <mutex>
 
 #include "dtype.h"
-#include "host_pool.h"
+#include "device.h"
 #include "tensor_handle.h"
 #include "typed_ops.h"
 
@@ -300,15 +298,7 @@ int32_t host_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t* st
     const c10::IntArrayRef size_v = dims(ndim, sizes, "sizes");
     const c10::IntArrayRef stride_v = dims(ndim, strides, "strides");
     const c10::ScalarType type = scalar_type(dtype);
-    HostPool& pool = host_pool();
-    // Through the caching pool (host_pool.h) unless AOTPACK_HOST_CACHE_MB=0 turned it off;
-    // then exactly what at::empty_strided does: ATen's CPU allocator.
-    at::Tensor t = pool.cap_bytes() == 0
-                       ? at::empty_strided(size_v, stride_v, at::TensorOptions().dtype(type))
-                       : at::Tensor(at::detail::empty_strided_generic(
-                             size_v, stride_v, &pool, c10::DispatchKeySet(c10::DispatchKey::CPU),
-                             type));
-    *out = new_handle(std::move(t));
+    *out = new_handle(host_device().empty_strided(size_v, stride_v, type));
   });
 }
 

@@ -11,11 +11,9 @@
 
 #include "aotpack/runtime.h"
 #include "compat.h"
-#include "core_runner.h"
-#include "cores.h"
+#include "device.h"
 #include "extraction.h"
 #include "host.h"
-#include "host_pool.h"
 #include "manifest.h"
 #include "safetensors.h"
 #include "signature.h"
@@ -201,9 +199,10 @@ void check_output(const at::Tensor& t, size_t i, const TensorSpec& spec) {
 
 // Hidden: only Model's own members are the library's interface.
 struct __attribute__((visibility("hidden"))) Model::Impl {
-  // With a core set, every create and run happens on this pinned thread (core_runner.h);
-  // declared first so it is joined after everything below is gone.
-  std::unique_ptr<detail::CoreRunner> runner;
+  // With a core set, every create and run happens on this partition (device.h); declared
+  // first so it is stopped after everything below is gone.
+  std::unique_ptr<detail::Partition> runner;
+  const detail::Device* device = nullptr;  // the manifest's backend's (check_compatibility)
   std::string archive_path;
   std::vector<std::string> warnings;  // Model::warnings()
   detail::Manifest manifest;
@@ -240,9 +239,11 @@ int32_t partition_limit(const LoadOptions& options) {
 }  // namespace
 
 void Model::Impl::load(const LoadOptions& options) {
+  // The options are checked on the device this process runs on before the archive is read.
+  const detail::Device& host = detail::host_device();
   int32_t device_limit = options.device_limit;
-  detail::check_device_limit(device_limit);
-  detail::host_pool();  // a bad AOTPACK_HOST_CACHE_MB is a load error, not a run error
+  host.check_device_limit(device_limit);
+  host.prepare_buffers();  // a bad AOTPACK_HOST_CACHE_MB is a load error, not a run error
   std::vector<std::string> keys = detail::trusted_key_paths();
   keys.insert(keys.end(), options.trusted_keys.begin(), options.trusted_keys.end());
   if ((options.require_signature || detail::signature_required_by_env()) && keys.empty())
@@ -250,18 +251,18 @@ void Model::Impl::load(const LoadOptions& options) {
          "--trusted-key)");
   if (!options.cores.empty()) {
     device_limit = partition_limit(options);
-    runner = std::make_unique<detail::CoreRunner>(options.cores);  // checks the cores
+    runner = host.partition(options.cores);  // checks the cores
   }
   // 1. Verified entry by entry (the manifest and its signature before anything is written),
-  //    streamed to a private folder, or a cache entry proven file by file; every .so passes
-  //    check_elf.
+  //    streamed to a private folder, or a cache entry proven file by file; every binary
+  //    passes the device's check_binary.
   detail::Extraction::Options extraction;
   extraction.trusted_keys = keys;
   extraction.verify_archive = options.verify_archive;
   extraction.use_cache = !options.private_extraction;
   dir = detail::Extraction::open(archive_path, detail::Limits::from_env(), extraction,
-                                 [](const detail::Manifest& m) {
-                                   detail::check_compatibility(m);
+                                 [this](const detail::Manifest& m) {
+                                   device = &detail::check_compatibility(m);
                                    check_mutated_buffers(m);
                                  },
                                  &manifest);
@@ -272,8 +273,8 @@ void Model::Impl::load(const LoadOptions& options) {
   library.open(dir.path() + "/" + manifest.model_library, manifest.model_library);
   detail::check_model_abi(manifest.model_library, library.abi_version());
   // Default: the build-time limit, capped by the cores available here.
-  if (device_limit == 0 && manifest.device_limit > detail::available_cores())
-    device_limit = detail::available_cores();
+  const int32_t units = device->compute_units();
+  if (device_limit == 0 && manifest.device_limit > units) device_limit = units;
   if (!runner) {
     create_instance(device_limit);
   } else {
@@ -334,6 +335,7 @@ std::vector<at::Tensor> Model::Impl::run_here(const std::vector<at::Tensor>& inp
   outputs.reserve(out_handles.size());
   for (AotpackTensor h : out_handles) outputs.push_back(h ? detail::take_handle(h) : at::Tensor());
   if (rc != 0) fail("aotpack_model_run failed: " + library.error_message());
+  device->synchronize();
   for (size_t i = 0; i < outputs.size(); ++i) check_output(outputs[i], i, out_specs[i]);
   ++stats.runs;
   return outputs;
@@ -375,7 +377,7 @@ const std::string& Model::manifest_json() const { return impl_->manifest.text; }
 const std::string& Model::archive_path() const { return impl_->archive_path; }
 const std::vector<std::string>& Model::warnings() const { return impl_->warnings; }
 std::vector<int32_t> Model::cores() const {
-  return impl_->runner ? impl_->runner->cores() : std::vector<int32_t>{};
+  return impl_->runner ? impl_->runner->units() : std::vector<int32_t>{};
 }
 
 const SignatureInfo& Model::signature() const { return impl_->signature; }

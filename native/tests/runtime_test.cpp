@@ -21,12 +21,15 @@
 
 #include "../src/archive.h"
 #include "../src/compat.h"
-#include "../src/cores.h"
-#include "../src/elf_check.h"
+#include "../src/device.h"
+#include "../src/devices/cpu/core_runner.h"
+#include "../src/devices/cpu/cores.h"
+#include "../src/devices/cpu/cpu_features.h"
+#include "../src/devices/cpu/elf_check.h"
 #include "../src/extract.h"
 #include "../src/sha256.h"
 #include "../src/host.h"
-#include "../src/host_pool.h"
+#include "../src/devices/cpu/host_pool.h"
 #include "../src/manifest.h"
 #include "../src/npy.h"
 #include "../src/safetensors.h"
@@ -340,6 +343,41 @@ void test_compat() {
   EXPECT_THROWS(aotpack::detail::check_compatibility(manifest),
                 "model.abi_version 1 is not supported (this runtime implements model ABI 2.0; the "
                 "major must match)");
+}
+
+// ---- device registry ----
+
+void test_device_registry() {
+  using aotpack::detail::device_for_backend;
+  const aotpack::detail::Device& cpu = device_for_backend("cpu");
+  EXPECT(&cpu == &device_for_backend("cpu"));  // one device per process
+  EXPECT(&cpu == &aotpack::detail::host_device());
+  EXPECT(aotpack::detail::backend_names() == std::vector<std::string>{"cpu"});
+  EXPECT(cpu.compute_units() == aotpack::detail::available_cores());
+  EXPECT(cpu.is_binary("kernels/k0/wrapper.so") && !cpu.is_binary("weights/weights.safetensors"));
+  EXPECT_THROWS(device_for_backend("npu"),
+                "backend 'npu' is not supported (this runtime runs 'cpu' archives)");
+  EXPECT_THROWS(device_for_backend("CPU"), "backend 'CPU' is not supported");  // names are exact
+  EXPECT_THROWS(device_for_backend(""), "backend '' is not supported");
+  // The registry's device is the one check_compatibility hands the load.
+  auto manifest = aotpack::detail::parse_manifest(minimal_manifest().dump());
+  EXPECT(&aotpack::detail::check_compatibility(manifest) == &cpu);
+  manifest.isa_features = {"warp9"};
+  EXPECT_THROWS(cpu.check_target(manifest),
+                "this CPU lacks 'warp9' (unknown feature name, treated as unsupported) required by "
+                "target_isa");
+  // A partition runs calls on its own thread, on its units.
+  const std::vector<int32_t> one = {aotpack::detail::allowed_cores().front()};
+  auto partition = cpu.partition(one);
+  EXPECT(partition->units() == one);
+  std::thread::id ran_on;
+  partition->call([&] { ran_on = std::this_thread::get_id(); });
+  EXPECT(ran_on != std::this_thread::get_id());
+  EXPECT_THROWS(partition->call([] { aotpack::detail::fail("inside"); }), "inside");
+  at::Tensor t = cpu.empty_strided({2, 3}, {1, 2}, at::kFloat);
+  EXPECT(t.sizes() == at::IntArrayRef({2, 3}) && t.strides() == at::IntArrayRef({1, 2}) &&
+         t.scalar_type() == at::kFloat);
+  cpu.synchronize();
 }
 
 // ---- ABI versions ----
@@ -696,6 +734,7 @@ int main() {
   test_safetensors();
   test_manifest();
   test_compat();
+  test_device_registry();
   test_abi_versions();
   test_host_ops();
   test_host_op_errors();

@@ -1,5 +1,5 @@
-"""The runtime's caching host allocator (native/src/host_pool.h) seen from aotpack.load: the
-buffers of a run are reused by the next one, results stay equal to eager, and
+"""The runtime's caching host allocator (native/src/devices/cpu/host_pool.h) seen from
+aotpack.load: the buffers of a run are reused by the next one, results stay equal to eager, and
 AOTPACK_HOST_CACHE_MB turns it off or is refused with a clear message."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The CPU backend's binaries: shared objects, checked before ``dlopen`` as the native
-runtime does (native/src/elf_check.cpp), with bounded reads; nothing is executed.
+runtime does (native/src/devices/cpu/elf_check.cpp), with bounded reads; nothing is executed.
 """
 from __future__ import annotations
 

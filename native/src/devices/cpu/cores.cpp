@@ -6,7 +6,7 @@
 #include <fstream>
 #include <string>
 
-#include "util.h"
+#include "../../util.h"
 
 namespace aotpack::detail {
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "util.h"
+#include "../../util.h"
 
 namespace aotpack::detail {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "util.h"
+#include "../../util.h"
 
 namespace aotpack::detail {
 namespace {

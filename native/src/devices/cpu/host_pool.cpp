@@ -11,7 +11,7 @@
 #include <new>
 #include <string>
 
-#include "util.h"
+#include "../../util.h"
 
 namespace aotpack::detail {
 

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "../../device.h"
+
 namespace aotpack::detail {
 
 /// Checks a core set against the cores this thread may run on (sched_getaffinity) and
@@ -33,21 +35,21 @@ std::vector<int32_t> allowed_cores();
 /// `#pragma omp parallel` and oneDNN) and MKL's thread-local count. libtorch's lazy
 /// per-thread initialisation runs first, so it cannot later overwrite them with the
 /// process-wide default. Named "aotpack/<cores>" (visible in /proc/<pid>/task/*/comm).
-class CoreRunner {
+class CoreRunner final : public Partition {
  public:
   /// Starts the thread; throws aotpack::Error when the cores are refused (check_cores)
   /// or the thread cannot be pinned.
   explicit CoreRunner(const std::vector<int32_t>& cores);
   /// Joins the thread (a call in progress finishes first).
-  ~CoreRunner();
+  ~CoreRunner() override;
   CoreRunner(const CoreRunner&) = delete;
   CoreRunner& operator=(const CoreRunner&) = delete;
 
   /// Runs `fn` on the pinned thread and waits for it; an exception `fn` throws is
   /// rethrown here. Calls from several threads are served one at a time.
-  void call(const std::function<void()>& fn);
+  void call(const std::function<void()>& fn) override;
 
-  const std::vector<int32_t>& cores() const { return cores_; }
+  const std::vector<int32_t>& units() const override { return cores_; }
 
  private:
   void loop();
