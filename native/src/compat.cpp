@@ -127,9 +127,19 @@ void check_model_abi(const std::string& library, int64_t packed) {
          "this aotpack");
 }
 
+// The backends whose archives hold host shared objects (aotpack/archive/layout.py HOST_BACKENDS).
+static void check_backend(const std::string& backend) {
+  const char* const names[] = AOTPACK_HOST_BACKENDS;
+  std::string list;
+  for (const char* name : names) {
+    if (backend == name) return;
+    list += (list.empty() ? "'" : ", '") + std::string(name) + "'";
+  }
+  fail("backend '" + backend + "' is not supported (this runtime runs " + list + " archives)");
+}
+
 void check_compatibility(const Manifest& manifest) {
-  if (manifest.backend != "cpu")
-    fail("backend '" + manifest.backend + "' is not supported (this runtime runs 'cpu' archives)");
+  check_backend(manifest.backend);
   check_torch_version(manifest.torch_version);
   check_cpu(manifest);
   if (manifest.model_abi_version != AOTPACK_MODEL_ABI_VERSION_MAJOR)
