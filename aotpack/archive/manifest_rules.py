@@ -306,7 +306,7 @@ def check_structure(doc: dict) -> None:
     backend, abi, files = doc["backend"], doc["model"]["abi_version"], doc["files"]
     constants, aliases = doc["constants"], weight_aliases(doc)
     mutated = doc.get("mutated_buffers", [])
-    if backend not in layout.HOST_BACKENDS:  # the runtime's check_backend (compat.cpp), same message
+    if backend not in layout.HOST_BACKENDS:  # as the native runtime's check_backend, same message
         names = ", ".join(f"'{name}'" for name in layout.HOST_BACKENDS)
         raise AotpackError(f"backend '{backend}' is not supported (this runtime runs {names} archives)")
     if abi != layout.MODEL_ABI_VERSION_MAJOR:
