@@ -14,6 +14,7 @@ wrappers and calls ATen through the host table).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -65,9 +66,6 @@ class PortableLauncher(Launcher):
     """
 
     def __init__(self, wrapper: Path, kernel_dir: Path, name: str):
-        import ctypes
-
-        self._ctypes = ctypes
         self.abi = WrapperLauncher(ctypes.CDLL(str(wrapper), mode=ctypes.RTLD_LOCAL), f"kernel {name}")
         try:
             self.abi.init(kernel_dir)
@@ -76,11 +74,11 @@ class PortableLauncher(Launcher):
 
     def arguments(self, tensors):
         """The data pointers of ``tensors`` as the ``void* const*`` argument array."""
-        return (self._ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+        return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
 
     def launch(self, kernel_key: str, tensors) -> None:
         """Run candidate ``kernel_key`` on a tensor list or an ``arguments`` array."""
-        packed = tensors if isinstance(tensors, self._ctypes.Array) else self.arguments(tensors)
+        packed = tensors if isinstance(tensors, ctypes.Array) else self.arguments(tensors)
         self.abi.launch(kernel_key, packed)
 
     def synchronize(self) -> None:
@@ -125,6 +123,7 @@ class PortableBackend(Backend):
         fields.strings(isa, "features", "target_isa")
 
     def describe_target(self, doc: dict) -> str:
+        """``portable C for <march>`` (the compiler's default target of the build machine)."""
         return f"portable C for {doc['target_isa'].get('march', '?')}"
 
     def solve(self, kernel, limits, count: int) -> list:
