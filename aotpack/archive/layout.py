@@ -26,6 +26,9 @@ import sys
 FORMAT_VERSION = 3
 #: MAJOR of the model ABI (model_abi.h) that manifests record as ``model.abi_version``.
 MODEL_ABI_VERSION_MAJOR = 2
+#: Backends (manifest ``backend``) whose binaries are host shared libraries behind the model
+#: and kernel ABIs: the native runtime runs their archives and refuses any other backend.
+HOST_BACKENDS = ("cpu", "portable")
 #: Manifest dtype name -> AotpackDType code (model_abi.h: c10::ScalarType numbering), the
 #: dtype of a tensor crossing the model ABI and the C API (tests/unit/test_layout.py checks the
 #: header's enum against it).
@@ -188,6 +191,8 @@ def header() -> str:
     lines.append("")
     width = max(len(suffix) for suffix, _ in _HEADER_CONSTANTS)
     lines += [f'#define AOTPACK_{suffix:<{width}} "{value}"' for suffix, value in _HEADER_CONSTANTS]
+    lines += ["", "/* manifest backends the runtime runs (an array initialiser of string literals) */",
+              "#define AOTPACK_HOST_BACKENDS {" + ", ".join(f'"{name}"' for name in HOST_BACKENDS) + "}"]
     lines += ["", "#endif /* AOTPACK_ARCHIVE_LAYOUT_H */", ""]
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ import re
 
 from aotpack.archive import layout
 from aotpack import backends
-from aotpack.backends import DEFAULT as RUNTIME_BACKEND  # the native runtime runs this backend
+from aotpack.backends import DEFAULT as RUNTIME_BACKEND  # whose target keys the runtime parses
 from aotpack.errors import AotpackError
 
 FORMAT_VERSION = layout.FORMAT_VERSION
@@ -262,7 +262,7 @@ def validate(doc: dict) -> dict:
         _str(doc, "aotpack_version", "")
     _str(doc, "torch_version", "")
     _str(doc, "backend", "")
-    # the runtime runs one backend's archives and checks its target keys on every manifest
+    # the runtime parses one form of target keys (target_isa) on every manifest, whichever host backend
     backends.get(RUNTIME_BACKEND).check_target(doc, FIELDS)
     if "device_limit" in doc:
         _int(doc, "device_limit", "")
@@ -306,8 +306,9 @@ def check_structure(doc: dict) -> None:
     backend, abi, files = doc["backend"], doc["model"]["abi_version"], doc["files"]
     constants, aliases = doc["constants"], weight_aliases(doc)
     mutated = doc.get("mutated_buffers", [])
-    if backend != RUNTIME_BACKEND:
-        raise AotpackError(f"backend '{backend}' is not supported (this runtime runs '{RUNTIME_BACKEND}' archives)")
+    if backend not in layout.HOST_BACKENDS:  # as the native runtime's check_backend, same message
+        names = ", ".join(f"'{name}'" for name in layout.HOST_BACKENDS)
+        raise AotpackError(f"backend '{backend}' is not supported (this runtime runs {names} archives)")
     if abi != layout.MODEL_ABI_VERSION_MAJOR:
         raise AotpackError(f"model.abi_version {abi} is not supported (this runtime implements "
                            f"{layout.MODEL_ABI_VERSION_MAJOR})")

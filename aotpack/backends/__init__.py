@@ -18,6 +18,7 @@ DEFAULT = "cpu"
 _FACTORIES = {
     "cpu": "aotpack.backends.cpu",
     "npu": "aotpack.backends.npu",
+    "portable": "aotpack.backends.portable",
 }
 
 

@@ -199,6 +199,9 @@ class Backend(ABC):
     #: Element-ops (elements x ops x extra users) a fan-out may recompute instead of getting
     #: a buffer (lowering's fusion budget).
     recompute_budget: int
+    #: Template kernel kinds lowering offers as a bmm or attention step's variant beside the
+    #: ATen calls (``"bmm"``, ``"attention"``); none by default: those run as ATen calls.
+    template_kinds: frozenset = frozenset()
 
     @abstractmethod
     def device(self) -> Device:

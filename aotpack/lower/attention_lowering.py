@@ -254,7 +254,8 @@ def lower(lw, match: AttentionMatch):
     Args:
         lw: the ``lowering.Lowerer``; match: from ``find``.
     """
-    operands = _operands(lw, match)
+    # the fused kernel's operands only where the backend renders it (``Backend.template_kinds``)
+    operands = _operands(lw, match) if "attention" in lw.backend.template_kinds else None
     outer, lw.steps = lw.steps, []
     for node in match.nodes:
         lw.env[node] = bmm_lowering.lower(lw, node) if bmm_lowering.applies(node) else lw.lower_op(node)

@@ -151,7 +151,9 @@ def lower(lw, node):
 
 def _template_variant(lw, node, a: tuple, b: tuple, out: Buffer) -> GemmVariant | None:
     """The ``BmmKernel`` variant writing ``out`` from ``a``/``b`` (base, batch_shape, strides,
-    offset), or None where the layouts do not fit."""
+    offset), or None where the layouts do not fit or the backend has no bmm template."""
+    if "bmm" not in lw.backend.template_kinds:
+        return None
     (a_base, batch_shape, a_strides, a_offset), (b_base, _, b_strides, b_offset) = a, b
     if out.strides != contiguous_strides(out.shape) or min(a_strides + b_strides) < 0:
         return None

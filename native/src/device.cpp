@@ -1,30 +1,21 @@
 #include "device.h"
 
+#include "aotpack/archive_layout.h"
+
 #include "devices/cpu/cpu_device.h"
 #include "util.h"
 
 namespace aotpack::detail {
 namespace {
 
-struct Registration {
-  const char* backend;        // the manifest's `backend`
-  const Device& (*device)();  // the device that runs its archives
-};
+// Every backend whose binaries are host ELF shared objects runs on the CPU device; the list
+// is declared once, in aotpack/archive/layout.py (HOST_BACKENDS), beside the archive paths.
+const char* const kHostBackends[] = AOTPACK_HOST_BACKENDS;
 
-// Several names may map to one device: every backend whose binaries are host ELF objects
-// runs on the CPU device.
-const Registration kRegistry[] = {
-    {"cpu", cpu_device},
-};
-
-// "'cpu'", "'cpu' or 'portable'", "'a', 'b' or 'c'".
+// "'cpu', 'portable'": as aotpack/archive/manifest_rules.py words the same refusal.
 std::string quoted_names() {
-  const std::vector<std::string> names = backend_names();
   std::string text;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) text += i + 1 == names.size() ? " or " : ", ";
-    text += "'" + names[i] + "'";
-  }
+  for (const std::string& name : backend_names()) text += (text.empty() ? "'" : ", '") + name + "'";
   return text;
 }
 
@@ -32,13 +23,13 @@ std::string quoted_names() {
 
 std::vector<std::string> backend_names() {
   std::vector<std::string> names;
-  for (const Registration& r : kRegistry) names.emplace_back(r.backend);
+  for (const char* name : kHostBackends) names.emplace_back(name);
   return names;
 }
 
 const Device& device_for_backend(const std::string& backend) {
-  for (const Registration& r : kRegistry)
-    if (backend == r.backend) return r.device();
+  for (const char* name : kHostBackends)
+    if (backend == name) return cpu_device();
   fail("backend '" + backend + "' is not supported (this runtime runs " + quoted_names() + " archives)");
 }
 

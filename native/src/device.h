@@ -65,7 +65,7 @@ class Device {
 };
 
 /// The device that runs archives of `backend` (the manifest's `backend`). Throws
-/// aotpack::Error "backend 'npu' is not supported (this runtime runs 'cpu' archives)".
+/// aotpack::Error "backend 'npu' is not supported (this runtime runs 'cpu', 'portable' archives)".
 const Device& device_for_backend(const std::string& backend);
 
 /// The backend names this runtime runs, in registration order.

@@ -352,11 +352,12 @@ void test_device_registry() {
   const aotpack::detail::Device& cpu = device_for_backend("cpu");
   EXPECT(&cpu == &device_for_backend("cpu"));  // one device per process
   EXPECT(&cpu == &aotpack::detail::host_device());
-  EXPECT(aotpack::detail::backend_names() == std::vector<std::string>{"cpu"});
+  EXPECT((aotpack::detail::backend_names() == std::vector<std::string>{"cpu", "portable"}));
+  EXPECT(&device_for_backend("portable") == &cpu);  // host ELF objects: the CPU device runs them
   EXPECT(cpu.compute_units() == aotpack::detail::available_cores());
   EXPECT(cpu.is_binary("kernels/k0/wrapper.so") && !cpu.is_binary("weights/weights.safetensors"));
   EXPECT_THROWS(device_for_backend("npu"),
-                "backend 'npu' is not supported (this runtime runs 'cpu' archives)");
+                "backend 'npu' is not supported (this runtime runs 'cpu', 'portable' archives)");
   EXPECT_THROWS(device_for_backend("CPU"), "backend 'CPU' is not supported");  // names are exact
   EXPECT_THROWS(device_for_backend(""), "backend '' is not supported");
   // The registry's device is the one check_compatibility hands the load.

@@ -62,6 +62,7 @@ class CpuBackend(Backend):
     #: ~0.7 us of recomputation at 8 float lanes a cycle and 3 GHz (an estimate), less than the
     #: ~2.2 us the runtime spends on its smallest kernel (Model::run of x + 1 on 4x4, measured).
     recompute_budget = 16384
+    template_kinds = frozenset({"bmm", "attention"})
 
     def __init__(self):
         self._device = CpuDevice()

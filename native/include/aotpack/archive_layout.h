@@ -43,4 +43,7 @@
 #define AOTPACK_LIB_KERNEL_NAME         "kernel.so"
 #define AOTPACK_LIB_KERNEL_SOURCE_NAME  "kernel.cpp"
 
+/* manifest backends the runtime runs (an array initialiser of string literals) */
+#define AOTPACK_HOST_BACKENDS {"cpu", "portable"}
+
 #endif /* AOTPACK_ARCHIVE_LAYOUT_H */
