@@ -265,7 +265,7 @@ BACKEND = _declare(
     (BUILD,), flag="--backend", empty_is_unset=False)
 RETUNE = _declare(
     "AOTPACK_RETUNE", "flag", False,
-    "`1` ignores cached autotune winners (`optimize_tiling`) and times every candidate again.", (BUILD,),
+    "`1` ignores the build cache's tuning records (autotune winners) and times every candidate again.", (BUILD,),
     _is_one, flag="--retune", shown="off")
 RUNTIME = _declare(
     "AOTPACK_RUNTIME", "path", None,

@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cache-dir", help="kernel cache (env AOTPACK_CACHE_DIR)")
     b.add_argument("--debug-dir", help="keep generated sources here (env AOTPACK_DEBUG=1)")
     b.add_argument("--retune", action="store_true",
-                   help="ignore cached autotune results (optimize_tiling) and time again")
+                   help="ignore cached autotune results (the tuning records) and time again")
     b.add_argument("--allow-mismatch", action="store_true",
                    help="write the archive even if outputs differ from eager PyTorch")
     b.add_argument("--selftest", action="store_true",

@@ -82,6 +82,12 @@ class CandidateSet(ChoicePoint):
         """Each candidate's threads: a close call goes to fewer."""
         return [c.block_dim for c in self.candidates]
 
+    def signature(self, kernel_versions: dict | None = None) -> str:
+        """The kernel's id, its version (``kernel_versions``: kernel_id -> a digest of its
+        sources and the toolchain) and its candidates: equal text, equal timings."""
+        version = (kernel_versions or {}).get(self.kernel_id, "")
+        return "\n".join([f"kernel {self.kernel_id} {version}", *self.candidate_names()])
+
 
 def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:
     """The candidates of ``kernel`` to compile and time.
