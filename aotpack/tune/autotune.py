@@ -16,8 +16,8 @@ candidate is not timed.
 Repeated layers are timed once per input set: a kernel launched at several sites (one
 ``kernel_id``) is timed at its first launch in each set, and a GEMM step is timed only
 where no earlier step of the graph does the same work (``gemm_twins``: a transformer's
-identical projections, ResNet's repeated convolutions); the twins share its winner. On
-ViT-S/16 (the benchmark's 4 encoder layers) that left 8 of 26 GEMM steps to time.
+identical projections, ResNet's repeated convolutions); the twins share its winner
+(docs/measurements.md, "GEMM twins are timed once").
 """
 from __future__ import annotations
 

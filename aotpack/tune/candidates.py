@@ -33,9 +33,8 @@ from aotpack.ir.kernel import FusedKernel
 log = logging.getLogger("aotpack")
 
 #: A GEMM step's aotpack kernel variant estimated this many times slower than the step's best
-#: compiles only its candidate 0. ResNet-18's 3x3 convolutions of 64-256 channels: the direct
-#: template estimated 1.5-1.6x Winograd's time, measured 1.4-1.6x (Zen 3, 2 threads); its
-#: 12 other candidates were 1.1 s of a 10.5 s cold build, and none won.
+#: compiles only its candidate 0: its other tilings cost compile time and did not win
+#: (docs/measurements.md, "Runners-up compile only their default").
 RUNNER_UP_FACTOR = 1.3
 
 

@@ -166,8 +166,8 @@ def shipped_wrappers(compiled: dict[str, CompiledSet]) -> dict[str, tuple[Path, 
     The wrapper maps every candidate's ``kernel_key`` to its TilingInfo and loads the static
     kernels it finds; the archive holds only the winner's kernel binary, and the model source names the
     winner's ``kernel_key`` and calls ``release`` keeping it. So the wrapper PGO launched through
-    ships unchanged, with no second compile (a winner-only wrapper was one more compile per tuned
-    kernel: 41 of MobileNetV3-Small's, ~1.3 s of a cold build on 2 cores).
+    ships unchanged, with no second compile per tuned kernel (docs/measurements.md, "The PGO
+    wrapper ships").
 
     Returns:
         ``kernel_id -> (wrapper binary path, wrapper source)``.
