@@ -229,25 +229,26 @@ def build(model_path: str | Path, out_dir: str | Path = "dist", name: str | None
     sets = candidates.prepare(graph, backend, settings, replayed)
     folders = compile_stage.kernel_folders(sets, backend, settings, toolchain)
     store = compile_stage.binary_store(backend, settings, toolchain)
+    steps = gemm.gemm_steps(graph)
+    points = [*sets.values(), *steps]  # every choice point: kernels' tilings, steps' implementations
+    records = settings.cache_dir / backend.name / "choices"
+    versions = choice_cache.kernel_versions(sets, toolchain.fingerprint())
+    with autotune.extern_threads(backend, settings.device_limit):
+        device_key = backend.device().tuning_key(settings.device_limit)  # the thread count PGO times with
     with cache.locked([f.path for f in folders.values()]):
+        recorded = {} if settings.retune else choice_cache.read_all(records, points, device_key, versions)
         with progress.phase("compile_kernels", "compiling candidates"):
             compiled, compiled_count = compile_stage.compile_all(
                 sets, folders, toolchain, store, settings,
-                on_done=lambda done, total: progress.count(done, total, "candidates compiled"))
+                lambda done, total: progress.count(done, total, "candidates compiled"), recorded)
         with progress.phase("autotune", "autotuning on the real inputs (PGO)"), \
                 autotune.extern_threads(backend, settings.device_limit):
             captured = {} if settings.debug_dir else None
-            records = settings.cache_dir / backend.name / "choices"
-            steps = gemm.gemm_steps(graph)
-            versions = choice_cache.kernel_versions(sets, toolchain.fingerprint())
-            device_key = backend.device().tuning_key(settings.device_limit)  # inside extern_threads: its count
-            recorded = {} if settings.retune else choice_cache.read_all(records, steps, device_key, versions)
-            recorded.update(replayed or {})
             choices, outputs = autotune.tune(
                 graph, compiled, [model_file.example_inputs, *model_file.calibration_inputs], backend,
                 on_tuned=lambda done, total: progress.count(done, total, "kernels tuned"), captured=captured,
-                recorded=recorded)
-            choice_cache.write_all(records, steps, choices, device_key, versions)
+                recorded={**recorded, **(replayed or {})})
+            choice_cache.write_all(records, points, choices, device_key, versions)
         graph = gemm.resolve(graph, choices)  # each GEMM step's winner; only the kernels it launches
         used = {k.kernel_id for k in graph.kernels}
         sets = {kid: cs for kid, cs in sets.items() if kid in used}

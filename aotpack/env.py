@@ -1,6 +1,6 @@
 """The registry of every environment variable aotpack reads, declared once: name, type,
 default, validation, one doc line and who reads it (the compiler, the Python runtime, the
-native runtime, the generated model.so, the package build).
+native runtime, the generated model library, the package build).
 
 No other module reads ``os.environ``: Python code calls ``get`` (parsed and validated, the
 default when unset) or ``raw`` (the text, None when unset) where it needs the value, so a
@@ -33,7 +33,7 @@ log = logging.getLogger("aotpack")
 BUILD = "build"  # aotpack build: the compiler, in Python
 PYTHON = "python runtime"  # aotpack.load, run, verify, cache, serve
 NATIVE = "native runtime"  # libaotpack_runtime, aotpack-run, aotpack-serve
-MODEL = "model.so"  # the generated model, when it is created
+MODEL = "model library"  # the generated model, when it is created
 SETUP = "package build"  # setup.py, during pip install .
 
 #: Candidates requested from the tiling solver per kernel (TopN, at most 10).
@@ -159,7 +159,7 @@ def _not_zero(name: str, text: str) -> bool:
 
 
 def _profile(name: str, text: str) -> bool:
-    return not text.startswith("0")  # model.cpp.j2's rule: set, not empty, not starting with 0
+    return not text.startswith("0")  # the generated model's rule: set, not empty, not starting with 0
 
 
 def _zero_or_one(name: str, text: str) -> bool:
@@ -256,7 +256,7 @@ COMPILE_THREADS = _declare(
     empty_is_unset=False)
 DEBUG = _declare(
     "AOTPACK_DEBUG", "flag", False,
-    "`1` copies every generated source (all candidates, wrappers, model.cpp) to `./aotpack_debug/`; a "
+    "`1` copies every generated source (all candidates, wrappers, the model source) to `./aotpack_debug/`; a "
     "failed `torch.export` writes torch's full error, traceback and output to "
     "`./aotpack_debug/<model>/export.log`.", (BUILD,), _is_one, flag="--debug-dir", shown="off")
 BACKEND = _declare(
@@ -265,7 +265,7 @@ BACKEND = _declare(
     (BUILD,), flag="--backend", empty_is_unset=False)
 RETUNE = _declare(
     "AOTPACK_RETUNE", "flag", False,
-    "`1` ignores cached autotune winners (`optimize_tiling`) and times every candidate again.", (BUILD,),
+    "`1` ignores the build cache's tuning records (autotune winners) and times every candidate again.", (BUILD,),
     _is_one, flag="--retune", shown="off")
 RUNTIME = _declare(
     "AOTPACK_RUNTIME", "path", None,
@@ -278,7 +278,7 @@ SERVE = _declare(
     shown="`native/build/aotpack-serve`, the package's `bin/`, then `PATH`")
 RUNTIME_LIB = _declare(
     "AOTPACK_RUNTIME_LIB", "path", None,
-    "the runtime library `aotpack.load` loads (`libaotpack_runtime.so`; `_aotpack_binding` is looked for "
+    "the runtime library `aotpack.load` loads (`libaotpack_runtime`; `_aotpack_binding` is looked for "
     "in its folder); must be a file. Read at the first load.", (PYTHON,),
     shown="`native/build/`, the package's `lib/`, then `<sys.prefix>/lib`")
 BINDING = _declare(
@@ -302,7 +302,7 @@ HOST_CACHE_MB = _declare(
     "at the first load; anything but a whole number is a load error.", (NATIVE,), _mib)
 PROFILE = _declare(
     "AOTPACK_PROFILE", "flag", False,
-    "`1`: the generated `model.so` times each fused kernel launch and, when the model is destroyed "
+    "`1`: the generated model library times each fused kernel launch and, when the model is destroyed "
     "(`aotpack-run` exiting, an `aotpack.load` model deleted), prints per kernel `calls`, `total_us`, "
     "`us/call` and `share` to stderr (native/README.md); unset, empty or starting with `0`: off. Read "
     "when a model is created.", (MODEL,), _profile, shown="off")
@@ -342,8 +342,8 @@ SKIP_NATIVE = _declare(
     "editable install always does.", (SETUP,), _is_one, shown="off")
 CXX = _declare(
     "CXX", "path", "g++",
-    "C++ compiler for kernels and model.so: g++ (kernels use GCC's OpenMP runtime, libgomp, as torch "
-    "does). Read when the CPU backend is imported. Each compiler run gets its own `TMPDIR`, `<cache "
+    "the CPU backend's C++ compiler for kernels and the model library: g++ or one emitting GCC's "
+    "runtime calls (why: `aotpack/backends/cpu/toolchain.py`). Read when the CPU backend is imported. Each compiler run gets its own `TMPDIR`, `<cache "
     "dir>/tmp/aotpack-cc-pid<N>-*` (the build's `TMPDIR` is left alone), removed when it exits; one left "
     "by a killed build is removed by the next build.", (BUILD,), shown="`g++`", standard=True)
 SOURCE_DATE_EPOCH = _declare(
@@ -401,7 +401,7 @@ def docs() -> str:
         "`python -m aotpack.env --docs > docs/env_vars.md`). A flag, where there is one, wins over the",
         "variable. \"read by\": `build` is `aotpack build`, `python runtime` is `aotpack.load` and the",
         "`run` / `verify` / `cache` / `serve` commands, `native runtime` is libaotpack_runtime (also in",
-        "`aotpack-run` and `aotpack-serve`), `model.so` is the generated model, `package build` is setup.py.",
+        "`aotpack-run` and `aotpack-serve`), `model library` is the generated model, `package build` is setup.py.",
         "",
         "| variable | flag | default | read by | meaning |",
         "| --- | --- | --- | --- | --- |",

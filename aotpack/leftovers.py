@@ -1,6 +1,6 @@
 """Temp files and folders that name their owner's pid, and removal of those whose owner died.
 
-Every temp name aotpack makes carries ``pid<pid>`` (``.optimize_tiling.pid1234.tmp``,
+Every temp name aotpack makes carries ``pid<pid>`` (``.mm_1-3f2a.json.pid1234.tmp``,
 ``.mlp-0.1.0.aotpack.pid1234.xyz.partial``, ``aotpack-model-pid1234-xyz``). A SIGKILLed build
 cannot clean up after itself; the next build removes what such dead processes left,
 and never touches the files of a build that is still running. The compiler's own temp

@@ -203,6 +203,18 @@ class Backend(ABC):
     #: ATen calls (``"bmm"``, ``"attention"``); none by default: those run as ATen calls.
     template_kinds: frozenset = frozenset()
 
+    @classmethod
+    def build_options(cls, parser) -> None:
+        """Add the backend's own ``aotpack build`` flags to ``parser`` (an ``argparse``
+        parser). Called on the class (``backends.build_options``), before any backend is
+        created, for every registered backend. Default: none."""
+
+    @classmethod
+    def settings_from(cls, args) -> dict:
+        """``config.Settings.from_env`` overrides from the flags ``build_options`` added
+        (``args``: the parsed ``argparse.Namespace``). Default: none."""
+        return {}
+
     @abstractmethod
     def device(self) -> Device:
         """The device kernels run on (one per backend object)."""

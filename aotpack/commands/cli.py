@@ -14,6 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
+from aotpack import backends
 from aotpack.runtime import extraction_cache as runtime_cache
 from aotpack.config import Settings
 from aotpack.errors import AotpackError
@@ -21,7 +22,9 @@ from aotpack.errors import AotpackError
 log = logging.getLogger("aotpack")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(backend_flags: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``backend_flags``: with the backends' own build flags (importing
+    every backend, seconds: only where the build command needs them)."""
     parser = argparse.ArgumentParser(prog="aotpack", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
@@ -53,13 +56,13 @@ def _parser() -> argparse.ArgumentParser:
                         "least F times its kernel's best is dropped before compiling; 0: off "
                         "(env AOTPACK_FAR_BEHIND_FACTOR, default 1.4)")
     b.add_argument("--device-limit", help="cores the kernels may use (env AOTPACK_DEVICE_LIMIT)")
-    b.add_argument("--target-isa", default=None,
-                   help="target ISA the kernels are compiled for (default: native, this machine; e.g. x86-64-v3)")
+    if backend_flags:
+        backends.build_options(b)
     b.add_argument("--backend", help="kernel backend: cpu (default) or npu (env AOTPACK_BACKEND)")
     b.add_argument("--cache-dir", help="kernel cache (env AOTPACK_CACHE_DIR)")
     b.add_argument("--debug-dir", help="keep generated sources here (env AOTPACK_DEBUG=1)")
     b.add_argument("--retune", action="store_true",
-                   help="ignore cached autotune results (optimize_tiling) and time again")
+                   help="ignore cached autotune results (the tuning records) and time again")
     b.add_argument("--allow-mismatch", action="store_true",
                    help="write the archive even if outputs differ from eager PyTorch")
     b.add_argument("--selftest", action="store_true",
@@ -120,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
 def _build(args) -> int:
     from aotpack.build import build
 
-    settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, target_isa=args.target_isa,
+    settings = Settings.from_env(topn=args.topn, device_limit=args.device_limit, **backends.settings_from(args),
                                  cache_dir=args.cache_dir, debug_dir=args.debug_dir,
                                  retune=args.retune or None, backend=args.backend,
                                  tuning_from=args.tuning_from, require_coverage=args.require_coverage,
@@ -274,13 +277,19 @@ def _serve(arguments: list[str]) -> int:
     os.execv(server, [str(server), *arguments])
 
 
+def _builds(argv: list[str]) -> bool:
+    """Whether ``argv`` runs the build command (the first word not an option: the top-level
+    options take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None) == "build"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``aotpack`` command; returns the exit status (0 ok, 1 user error,
     2 internal error, 130 interrupted)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         return _serve(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parser(backend_flags=_builds(argv)).parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="aotpack: %(message)s")
     if not getattr(args, "verbose", False):

@@ -315,9 +315,8 @@ def _export_one_pass(model_file: ModelFile) -> torch.export.ExportedProgram | No
     that again; torch's non-strict aot-dispatch export applies the decomposition table
     during its one trace, holding the composite ops the table keeps whole (SDPA, upsample)
     as ``run_decompositions`` does. Same kernel IR (``tests/unit/test_export_one_pass.py``) in
-    ~0.6x the export time (MobileNetV3-Small 1.6-1.7 -> 1.0 s, transformer_block 0.48-0.53
-    -> 0.29 s; ViT-S/16 level, Zen 3); it leaves out the no-op ``_assert_tensor_metadata``
-    checks of ``.to()`` and the constants only they read. A module with tied tensors
+    less export time (docs/measurements.md, "One-pass export"); it leaves out the no-op
+    ``_assert_tensor_metadata`` checks of ``.to()`` and the constants only they read. A module with tied tensors
     (``_has_tied_tensors``), and a program that updates buffers or inputs in place or has
     data-dependent shapes, takes the two-pass path.
     """

@@ -21,9 +21,11 @@ from __future__ import annotations
 class ChoicePoint:
     """Something PGO chooses for: ``choice_id``, ``choice_kind``, ``label`` and the
     candidates' ``candidate_names`` (unique within the point), with ``ranks`` for
-    ``tune.timing.decide`` (one int per candidate: a close call goes to the lower rank).
+    ``tune.timing.decide`` (one int per candidate: a close call goes to the lower rank)
+    and a ``signature`` keying its tuning record.
 
-    Subclasses implement the four members; ``pick`` is shared.
+    Subclasses implement ``choice_id``, ``label``, ``candidate_names``, ``ranks`` and
+    ``signature``; ``pick`` is shared.
     """
 
     #: what the point chooses: ``kernel`` (a fused kernel's tiling) or a step's kind
@@ -46,6 +48,12 @@ class ChoicePoint:
 
     def ranks(self) -> list[int]:
         """One tie-break rank per candidate for ``timing.decide``."""
+        raise NotImplementedError
+
+    def signature(self, kernel_versions: dict | None = None) -> str:
+        """Text of what the point's timings depend on besides the device (the key of its
+        tuning record, ``tune.choice_cache``); ``kernel_versions``: kernel_id -> a digest
+        of what compiles that kernel (``choice_cache.kernel_versions``)."""
         raise NotImplementedError
 
     def candidate_labels(self) -> list[str]:

@@ -1,26 +1,22 @@
 """Tunable GEMM/convolution steps: several implementations of one linear, conv2d or
-batched GEMM of two runtime operands (``bmm_lowering``: ``aten`` vs aotpack's
-``template_kernels.BmmKernel``), timed by PGO like a kernel's candidates, the winner baked into
+batched GEMM of two runtime operands (``bmm_lowering``), timed by PGO like a kernel's candidates, the winner baked into
 the model.
 
 A ``GemmStep`` computes one ``GemmMatch`` (``gemm_match``: the GEMM and its epilogue)
 into one output buffer. Each ``GemmVariant`` is a list of ordinary steps writing that
-buffer:
+buffer; the backend decides which it offers (``Backend.gemm_variants``; the CPU backend's
+menu is ``backends/cpu/gemm_menu.py``):
 
 * ``aten``: the ATen call (``addmm``/``mm``/``convolution``), then the epilogue as a
-  fused aotpack kernel (what aotpack runs without this module); a convolution offers it
-  only when no aotpack kernel (``template``, ``winograd``) applies;
-* ``mkl`` (linear, where torch has MKL): ``mkl::_mkl_linear`` on an MKL-packed weight,
-  then the same epilogue kernel;
-* ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
-  blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual);
-* ``template`` (linear): aotpack's own GEMM kernel (``template_kernels.GemmKernel``), whose
-  tilings are candidates like a fused kernel's; its weight panels are packed at build
-  time and shipped as constants (a layout of aotpack's own, not the CPU's ISA); where
-  the dense weight is read anyway (a tied embedding), model.cpp packs them at load instead,
-  so no weight is shipped twice;
-* ``template`` (depthwise conv2d, groups == channels): aotpack's own depthwise kernel
-  (``template_kernels.DepthwiseConvKernel``), bias and epilogue fused, on the dense weight;
+  fused aotpack kernel (what aotpack runs without this module);
+* calls into the backend's extern libraries, named by the backend, on a weight they
+  pack (``PackedWeight``), the epilogue fused where the library can;
+* ``template``: aotpack's own kernel (GEMM, direct or depthwise convolution, bmm), whose
+  tilings are candidates like a fused kernel's; a GEMM template's weight is transformed
+  at build time by the backend (``Backend.weight_transform``) and shipped as a constant
+  (a layout of aotpack's own, not the device's); where the dense weight is read anyway
+  (a tied embedding), the model source transforms it at load instead, so no weight is
+  shipped twice;
 * ``winograd`` (3x3 stride-1 conv2d): aotpack's F(2x2, 3x3) kernel
   (``template_kernels.WinogradConvKernel``) on filters transformed at build time, bias and
   epilogue fused.
@@ -30,11 +26,10 @@ are the unfused lowering, one per combination of its two bmm steps' variants
 (``unfused:aten+aten`` ...; those bmm steps are flattened into it), and ``template``,
 aotpack's fused attention kernel (``template_kernels.AttentionKernel``).
 
-Packed weights (``PackedWeight``) are opaque blocked tensors whose layout oneDNN/MKL
-pick for the CPU they run on; the archive ships the dense weight (it is a constant
-anyway) and the model packs it once at load (``create``) with the same op the build
-used. Packed bytes would tie the archive to the build CPU's ISA and are not strided
-tensors safetensors can hold.
+Packed weights (``PackedWeight``) are opaque tensors whose layout the extern library picks
+for the device it runs on; the archive ships the dense weight (it is a constant anyway)
+and the model packs it once at load (``create``) with the same op the build used: packed
+bytes would tie the archive to the build machine.
 
 After tuning, ``resolve`` replaces every ``GemmStep`` by its winner's steps, so codegen,
 liveness and packaging see only extern calls and kernel launches.
@@ -50,10 +45,8 @@ from aotpack.ir.graph import Buffer, CondStep, ExternArg, ExternCall, KernelCall
 
 #: Variants that are aotpack's own kernels, epilogue fused, planned with the graph (nothing
 #: allocated per call); a close call in tuning goes to the lower rank, extern calls last. An
-#: attention step's unfused variant of two bmm templates is all aotpack kernels too: ranked
-#: before the ATen ones, so that on a busy machine, where no variant is clearly faster than
-#: ATen's, it is not ATen that stays (DistilBERT at 2 threads kept `unfused:aten+aten` at
-#: 987 us over `unfused:template+template` at 523 us).
+#: attention step's unfused variant of two bmm templates is all aotpack kernels too, so it
+#: is ranked before the ATen ones (docs/measurements.md, "Own kernels win close calls").
 OWN_KERNEL_RANKS = {"template": 0, "winograd": 1, "unfused:template+template": 1}
 
 
@@ -80,9 +73,8 @@ class GemmVariant:
 
 @dataclass(eq=False)
 class GemmStep(ChoiceStep):
-    """A linear/conv2d with its epilogue, or a bmm, implemented by one of ``variants`` (0 = ATen;
-    oneDNN for a convolution that offers aotpack kernels, see ``gemm_lowering``): a choice
-    point (``ir.choice``) whose candidates are the variants, by name.
+    """A linear/conv2d with its epilogue, or a bmm, implemented by one of ``variants`` (0 = the
+    backend's first, an extern call: ``Backend.gemm_variants``): a choice point (``ir.choice``) whose candidates are the variants, by name.
 
     ``choice_id`` is ``gemm:<name>``; ``shape`` describes it (``MxKxN`` for a linear,
     ``NCHW->KCRS`` for a conv, ``BxMxKxN`` for a bmm).
@@ -214,7 +206,7 @@ def resolve(graph, choices: dict):
 
 
 def _packed_from(step: GemmStep) -> list[Buffer]:
-    """The dense weights the step's variants pack at load (oneDNN/MKL ``PackedWeight`` args)."""
+    """The dense weights the step's variants pack at load (the extern libraries' ``PackedWeight`` args)."""
     return [a.value[0] for v in step.variants for p in v.packed for a in p.args if a.kind == "tensor"]
 
 

@@ -314,9 +314,9 @@ def depthwise_variant(lw, m, x, weight, bias, other, out) -> GemmVariant | None:
     return GemmVariant("template", [KernelCall(kernel)], [])
 
 
-#: A Winograd variant needs at least this many 2x2 output tiles per image: on fewer (ResNet's
-#: 7x7 layers: 16) the transformed weight (16/9 the dense one) streams for too little work
-#: (512 x 7 x 7: 6.7 ms against the direct template's 2.2 ms at 1 thread).
+#: A Winograd variant needs at least this many 2x2 output tiles per image: on fewer the
+#: transformed weight (16/9 the dense one) streams for too little work (docs/measurements.md,
+#: "Winograd needs enough tiles").
 WINOGRAD_MIN_TILES = 32
 #: ... and this many input channels: the transforms cost per element what the GEMM saves
 #: per channel pair, so a thin layer gains nothing.

@@ -1,8 +1,8 @@
 """Max pooling as a fused lazy value: ``max_pool2d`` lowered to index arithmetic.
 
-ATen's NCHW ``max_pool2d_with_indices`` is a scalar loop (6.7 ms for ResNet-18's 3x3
-stride-2 pool of 64x112x112 at one thread here, against 0.25 ms for the CPU's extern
-library on its own layout), and it also writes the int64 indices inference never reads.
+ATen's NCHW ``max_pool2d_with_indices`` is a scalar loop, many times slower than a fused
+pool (docs/measurements.md, "Max pooling"), and it also writes the int64 indices inference
+never reads.
 Lowered here, the pool is a pointwise value: each output element is the ``maximum`` of its window's taps,
 the consumer's kernel reads it directly. A pool that pads or strides along the width is
 separable (``row_max``, realized, then ``column_max``): the maximum over a window's rows

@@ -6,18 +6,18 @@ launcher, on copies of the user's real inputs (the example inputs, then any
 every candidate is timed on the very tensors it receives there (``aotpack.tune.timing``:
 interleaved rounds, a low-quantile estimate, preempted samples detected and re-timed);
 ``timing.decide`` picks the winner over the sets (a close call goes to fewer threads,
-then to the solver's order), it is recorded in ``optimize_tiling`` and the others are
-released. Kernels whose timing stayed contended are named in one warning per build and
+then to the solver's order), the build records it (``aotpack.tune.choice_cache``) and the
+others are released. Kernels whose timing stayed contended are named in one warning per build and
 marked ``timing_contended`` in the manifest. Kernels write only their own fresh
 output buffers, never their inputs, so repeated timed launches cannot compound.
-Kernels the run never reaches are *unvisited* and use candidate 0. With one
-candidate, it goes straight to ``optimize_tiling`` without timing.
+Kernels the run never reaches are *unvisited* and use candidate 0. A kernel with one
+candidate is not timed.
 
 Repeated layers are timed once per input set: a kernel launched at several sites (one
 ``kernel_id``) is timed at its first launch in each set, and a GEMM step is timed only
 where no earlier step of the graph does the same work (``gemm_twins``: a transformer's
-identical projections, ResNet's repeated convolutions); the twins share its winner. On
-ViT-S/16 (the benchmark's 4 encoder layers) that left 8 of 26 GEMM steps to time.
+identical projections, ResNet's repeated convolutions); the twins share its winner
+(docs/measurements.md, "GEMM twins are timed once").
 """
 from __future__ import annotations
 
@@ -394,7 +394,9 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
         recorded: ``choice id -> replay.RecordedWinner`` of GEMM steps, from the tuning
             records (``choice_cache``) or ``--tuning-from`` (``replay.recorded_winners``): a
             step found there whose recorded candidate is still offered takes it untimed
-            (a kernel's recorded winner is already its only candidate: ``candidates.prepare``).
+            (a kernel's recorded winner is its ``CompiledSet.cached_choice``, or with
+            ``--tuning-from`` its only candidate: ``candidates.prepare``). The caller records
+            the returned choices (``choice_cache.write_all``).
         captured: if given, filled with ``kernel_id -> tensors`` (copies of each kernel's
             inputs and outputs at its first launch), for ``--debug-dir``'s benchmark.py.
 
@@ -408,7 +410,7 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
         index = replay.pick(step.candidate_names(), (recorded or {}).get(step.choice_id))
         if index is not None:
             runner.winners[step.choice_id] = index
-            replayed[step.choice_id] = recorded[step.choice_id].timings_us
+            replayed[step.choice_id] = recorded[step.choice_id]
     outputs = runner.run(input_sets[0])
     for inputs in input_sets[1:]:
         runner.run(inputs)
@@ -423,17 +425,17 @@ def tune(graph: Graph, compiled: dict[str, CompiledSet], input_sets: list[tuple]
                                   bool(c.cached_choice[2]))
         elif kid in runner.timings:
             choices[kid] = Choice(runner.winners[kid], runner.timings[kid], True, False, kid in runner.contended)
-            c.folder.write_choice(list(c.candidate_set.candidates), choices[kid].index, list(runner.timings[kid]),
-                                  kid in runner.contended, c.candidate_set.sources)
-        elif kid in visited:  # one candidate: straight to optimize_tiling, no profiling
-            c.folder.write_choice(list(c.candidate_set.candidates), 0, [], sources=c.candidate_set.sources)
+        elif kid in visited:  # one candidate: nothing to time
             choices[kid] = Choice(0, (), True, False)
         else:  # not recorded: a later build whose inputs reach it will tune it
             log.info("%s was not reached by the example inputs; using candidate 0", c.candidate_set.kernel.name)
             choices[kid] = Choice(0, (), False, False)
     for step in gemm_steps(graph):  # timed now, or taken from ``recorded``
         key = step.choice_id
-        timings = replayed.get(key, runner.timings.get(runner.timed_id(key), ()))
+        if key in replayed:
+            timings, contended = replayed[key].timings_us, replayed[key].contended
+        else:
+            timings, contended = runner.timings.get(runner.timed_id(key), ()), runner.timed_id(key) in runner.contended
         choices[key] = Choice(runner.winner(key) or 0, tuple(timings), key in runner.visited, key in replayed,
-                              runner.timed_id(key) in runner.contended)
+                              contended)
     return choices, outputs

@@ -1,4 +1,4 @@
-"""The build cache: compiled candidates and tuning choices, safe across processes.
+"""The build cache: compiled candidates, safe across processes.
 
 Layout (under ``AOTPACK_CACHE_DIR``)::
 
@@ -6,16 +6,17 @@ Layout (under ``AOTPACK_CACHE_DIR``)::
         compile.lock                    serialises compile + autotune of this kernel
         static_kernel/<kernel_key>/     kernel source + binary of one candidate (``archive.layout`` names)
         wrapper source + binary         kernel_key -> TilingInfo map of the timed candidates
-        optimize_tiling                 "tiling_repr|workspace|block_dim" of the winner
-        timings.json                    the candidates it was chosen among (and a digest of their sources), with timings (us)
         <binary>.sha256                 "sha256 size" of every binary, written with it
     <cache>/<backend>/binaries/<source + toolchain hash>/lib<binary suffix>, source<source suffix>
     <cache>/<backend>/models/<source + model toolchain hash>/lib, source, compile.lock
                                     the model library of one model source (the backend's model fingerprint)
+    <cache>/<backend>/choices/<label>-<key>.json
+                                    the tuning record of one choice point (``tune.choice_cache``)
 
 ``artifact_hash`` covers the kernel (``kernel_id``), the toolchain fingerprint
-(compiler, flags, target), the device limit and the candidate set: the tuning
-choice in it is keyed by all of them. Binaries are keyed by source + toolchain in
+(compiler, flags, target), the device limit and the candidate set. Tuning choices (a
+kernel's winning tiling, a GEMM step's implementation) are not kept here but in
+``choices/``, all in one format. Binaries are keyed by source + toolchain in
 ``binaries/`` and linked into the kernel folders, so another ``--topn`` (another
 folder) reuses every candidate already compiled; ``models/`` does the same for the model library,
 so a warm rebuild compiles nothing. Wrappers are compiled per folder and
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -241,46 +241,6 @@ class KernelFolder:
     def wrapper_source(self) -> Path:
         """Source of the PGO wrapper."""
         return self.path / layout.WRAPPER_SOURCE_NAME
-
-    @property
-    def optimize_tiling(self) -> Path:
-        """``tiling_repr|workspace|block_dim`` of the winner."""
-        return self.path / "optimize_tiling"
-
-    @property
-    def timings(self) -> Path:
-        """``{"candidates": [kernel_key...], "timings_us": [...], "contended": bool}`` of the choice."""
-        return self.path / "timings.json"
-
-    def read_choice(self, candidates: list, sources: tuple = ()) -> tuple[int, list[float], bool] | None:
-        """(winner index, timings, whether the timing was contended) recorded for exactly
-        these candidates compiled from these ``sources`` (a changed template or math header
-        times them again), if any."""
-        try:
-            text = self.optimize_tiling.read_text().strip()
-            record = json.loads(self.timings.read_text())
-        except (OSError, ValueError):
-            return None
-        keys = [c.kernel_key for c in candidates]
-        if not isinstance(record, dict) or record.get("candidates") != keys:
-            return None
-        if record.get("sources", "") != (digest(*sources) if sources else ""):
-            return None
-        for index, candidate in enumerate(candidates):
-            if candidate.optimize_tiling == text:
-                timings = record.get("timings_us")
-                return index, (timings if isinstance(timings, list) else []), record.get("contended") is True
-        return None
-
-    def write_choice(self, candidates: list, index: int, timings_us: list[float], contended: bool = False,
-                     sources: tuple = ()) -> None:
-        """Record the winner (``optimize_tiling``), what it was chosen among (the candidates
-        and a digest of their ``sources``), and whether other processes disturbed its timing
-        (``aotpack.tune.timing``)."""
-        record = {"candidates": [c.kernel_key for c in candidates], "sources": digest(*sources) if sources else "",
-                  "timings_us": [round(t, 3) for t in timings_us], "contended": bool(contended)}
-        write_atomic(self.timings, json.dumps(record))
-        write_atomic(self.optimize_tiling, candidates[index].optimize_tiling + "\n")
 
 
 @contextlib.contextmanager

@@ -33,9 +33,8 @@ from aotpack.ir.kernel import FusedKernel
 log = logging.getLogger("aotpack")
 
 #: A GEMM step's aotpack kernel variant estimated this many times slower than the step's best
-#: compiles only its candidate 0. ResNet-18's 3x3 convolutions of 64-256 channels: the direct
-#: template estimated 1.5-1.6x Winograd's time, measured 1.4-1.6x (Zen 3, 2 threads); its
-#: 12 other candidates were 1.1 s of a 10.5 s cold build, and none won.
+#: compiles only its candidate 0: its other tilings cost compile time and did not win
+#: (docs/measurements.md, "Runners-up compile only their default").
 RUNNER_UP_FACTOR = 1.3
 
 
@@ -81,6 +80,12 @@ class CandidateSet(ChoicePoint):
     def ranks(self) -> list[int]:
         """Each candidate's threads: a close call goes to fewer."""
         return [c.block_dim for c in self.candidates]
+
+    def signature(self, kernel_versions: dict | None = None) -> str:
+        """The kernel's id, its version (``kernel_versions``: kernel_id -> a digest of its
+        sources and the toolchain) and its candidates: equal text, equal timings."""
+        version = (kernel_versions or {}).get(self.kernel_id, "")
+        return "\n".join([f"kernel {self.kernel_id} {version}", *self.candidate_names()])
 
 
 def shortlist(kernel: FusedKernel, backend, limits, settings) -> tuple:

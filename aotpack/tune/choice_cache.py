@@ -1,15 +1,22 @@
-"""Tuning records of GEMM-step choice points in the build cache, so a rebuild times nothing.
+"""Tuning records of every choice point in the build cache, so a rebuild times nothing.
 
-One JSON file per choice point under ``<cache>/<backend>/choices/``: the candidates offered
-(by name), the winner's name and the timings (us), the same record ``--tuning-from`` reads
-from an archive (``replay.RecordedWinner``). The key covers what the timings depend on:
-the point's ``signature`` (a step's calls: ops, argument kinds, shapes and strides,
-epilogue kernel ids; and the version of each kernel it launches, ``kernel_versions``: a
-digest of its candidates' sources and the toolchain, so a changed template or solver is
-timed again), the torch version and the device state the backend names (``Device.tuning_key``:
-on the CPU, the device limit and ATen's thread count). ``--retune``
-ignores them. A kernel's own tiling choice is recorded beside its binaries
-(``cache.KernelFolder``), under the same kernel folder lock.
+One JSON file per choice point (``ir.choice``: a fused kernel's tiling, a GEMM/conv/bmm/attention
+step's implementation) under ``<cache>/<backend>/choices/``, named ``<label>-<key>.json``::
+
+    {"id": choice id, "candidates": [names...], "winner": name,
+     "timings_us": [us per candidate], "contended": bool}
+
+the same winner-by-name record ``--tuning-from`` reads from an archive (``replay.RecordedWinner``).
+The key covers what the timings depend on: the point's ``signature`` (a kernel's id and
+candidates; a step's calls: ops, argument kinds, shapes and strides, epilogue kernel ids),
+the version of each kernel involved (``kernel_versions``: a digest of its candidates' sources
+and the toolchain, so a changed template or solver is timed again), the torch version and
+the device state the backend names (``Device.tuning_key``, taken inside
+``Device.extern_parallelism``: on the CPU, the device limit and ATen's thread count).
+A record that is unreadable, or whose candidates or winner are not the point's, is ignored:
+the point is timed again. ``--retune`` reads none. Records are written atomically (temp file
++ rename), by a build holding its kernels' ``compile.lock``s; binaries are not here but
+content-addressed in ``tune.cache``.
 """
 from __future__ import annotations
 
@@ -36,7 +43,14 @@ def _path(root: Path, point, device_key: tuple, versions: dict | None) -> Path:
 
 def read_all(root: Path, points: list, device_key: tuple, versions: dict | None = None) -> dict:
     """``choice id -> RecordedWinner`` for every choice point in ``points`` with a readable
-    record (a damaged or foreign record is ignored: the point is timed again)."""
+    record for its candidates (a damaged or foreign record is ignored: the point is timed again).
+
+    Args:
+        root: the records' folder (``<cache>/<backend>/choices``).
+        points: ``ir.choice.ChoicePoint``s (kernels' ``CandidateSet``s, ``GemmStep``s).
+        device_key: ``Device.tuning_key(device_limit)``.
+        versions: ``kernel_versions`` of the build's kernels.
+    """
     found = {}
     for point in points:
         try:
@@ -46,20 +60,24 @@ def read_all(root: Path, points: list, device_key: tuple, versions: dict | None 
         names = point.candidate_names()
         if not isinstance(record, dict) or record.get("candidates") != names or record.get("winner") not in names:
             continue
-        found[point.choice_id] = RecordedWinner(record["winner"], tuple(record.get("timings_us", ())))
+        timings = record.get("timings_us")
+        found[point.choice_id] = RecordedWinner(record["winner"], tuple(timings) if isinstance(timings, list) else (),
+                                                record.get("contended") is True)
     return found
 
 
 def write_all(root: Path, points: list, choices: dict, device_key: tuple, versions: dict | None = None) -> None:
-    """Record every timed point's winner and timings (``choices``: choice id -> ``autotune.Choice``;
-    atomic writes); removes the temp files of killed builds from ``root``."""
+    """Record every timed point's winner, timings and whether its timing was contended
+    (``choices``: choice id -> ``autotune.Choice``; points taken from the records, untimed or
+    unreached are not written); removes the temp files of killed builds from ``root``.
+    Arguments as ``read_all``'s."""
     leftovers.remove_dead(root)
     for point in points:
         choice = choices.get(point.choice_id)
         if choice is None or choice.cached or not choice.timings_us:
             continue
         names = point.candidate_names()
-        root.mkdir(parents=True, exist_ok=True)
         write_atomic(_path(root, point, device_key, versions),
                      json.dumps({"id": point.choice_id, "candidates": names, "winner": names[choice.index],
-                                 "timings_us": [round(t, 3) for t in choice.timings_us]}))
+                                 "timings_us": [round(t, 3) for t in choice.timings_us],
+                                 "contended": bool(choice.contended)}))

@@ -2,8 +2,8 @@
 
 Compiles run in parallel compiler processes (``AOTPACK_COMPILE_THREADS``), across all
 kernels at once, and only for what the cache (``aotpack.tune.cache``) lacks. A kernel whose
-recorded choice (``optimize_tiling``) names an intact winner among the same candidates
-is a cache hit: only the winner is needed, so nothing of it is compiled or timed.
+tuning record (``aotpack.tune.choice_cache``) names a winner among the same candidates is a
+cache hit: only the winner is needed, so nothing else of it is compiled, and nothing is timed.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class CompiledSet:
     """Where one kernel's compiled candidates live.
 
     ``cached_choice``: (winner index, timings us, contended) recorded by an earlier build for the
-    same candidates, or None when the kernel must be timed.
+    same candidates (``choice_cache``), or None when the kernel must be timed.
     """
 
     candidate_set: CandidateSet
@@ -133,11 +133,14 @@ def _split_repeats(jobs: list, store: cache.BinaryStore) -> tuple[list, list]:
 
 
 def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFolder], toolchain,
-                store: cache.BinaryStore, settings, on_done=None) -> tuple[dict[str, CompiledSet], int]:
+                store: cache.BinaryStore, settings, on_done=None,
+                recorded: dict | None = None) -> tuple[dict[str, CompiledSet], int]:
     """Compile what the cache lacks; returns (``kernel_id -> CompiledSet``, compile count).
 
-    Call with the kernels' ``compile.lock``s held (``cache.locked``). ``settings.retune``
-    ignores recorded choices (compiled candidates are still reused).
+    Call with the kernels' ``compile.lock``s held (``cache.locked``). ``recorded``: choice id
+    -> ``replay.RecordedWinner`` from the tuning records (``choice_cache.read_all``); a kernel
+    whose recorded winner is one of its candidates needs only that one. ``settings.retune``
+    ignores them (compiled candidates are still reused).
 
     Raises:
         AotpackError: a compiler failure, naming the source file.
@@ -150,8 +153,9 @@ def compile_all(sets: dict[str, CandidateSet], folders: dict[str, cache.KernelFo
         folder = folders[kid]
         for path in [folder.path, *(folder.static_kernel(c.kernel_key) for c in cs.candidates)]:
             leftovers.remove_dead(path)  # temp files of killed builds
-        choice = None if settings.retune else folder.read_choice(list(cs.candidates), cs.sources)
-        compiled[kid] = CompiledSet(cs, folder, choice)
+        found = None if settings.retune else (recorded or {}).get(kid)
+        index = cs.pick(found.candidate) if found else None
+        compiled[kid] = CompiledSet(cs, folder, None if index is None else (index, found.timings_us, found.contended))
     jobs = [job for c in compiled.values() for job in _jobs(c, toolchain)]
     return compiled, run_parallel(jobs, store, settings.compile_threads, on_done)
 
@@ -162,8 +166,8 @@ def shipped_wrappers(compiled: dict[str, CompiledSet]) -> dict[str, tuple[Path, 
     The wrapper maps every candidate's ``kernel_key`` to its TilingInfo and loads the static
     kernels it finds; the archive holds only the winner's kernel binary, and the model source names the
     winner's ``kernel_key`` and calls ``release`` keeping it. So the wrapper PGO launched through
-    ships unchanged, with no second compile (a winner-only wrapper was one more compile per tuned
-    kernel: 41 of MobileNetV3-Small's, ~1.3 s of a cold build on 2 cores).
+    ships unchanged, with no second compile per tuned kernel (docs/measurements.md, "The PGO
+    wrapper ships").
 
     Returns:
         ``kernel_id -> (wrapper binary path, wrapper source)``.

@@ -22,10 +22,12 @@ log = logging.getLogger("aotpack")
 @dataclass(frozen=True)
 class RecordedWinner:
     """One choice point's winner in an old archive or the tuning records: the winning
-    candidate's name and the recorded timings (us per candidate; empty when not timed)."""
+    candidate's name, the recorded timings (us per candidate; empty when not timed) and
+    whether that timing was contended (``tune.timing``; tuning records only)."""
 
     candidate: str
     timings_us: tuple
+    contended: bool = False
 
 
 def choice_entries(manifest: dict) -> list[dict]:

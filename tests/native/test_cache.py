@@ -1,4 +1,5 @@
 """Kernel cache: its documented layout, hits skip compile and profiling, archives reproduce."""
+import json
 import logging
 
 from aotpack.backends.cpu.toolchain import CpuToolchain
@@ -37,8 +38,14 @@ def test_cache_layout_is_the_documented_one(tmp_path):
         keys = sorted(p.name for p in (folder / "static_kernel").iterdir())
         assert len(keys) == kernel["candidates"]
         assert all((folder / "static_kernel" / k / "kernel.so").is_file() for k in keys)
-        assert (folder / "optimize_tiling").read_text().strip() == \
-            f"{kernel['tiling_repr']}|{kernel['workspace']}|{kernel['block_dim']}"
+        assert not (folder / "optimize_tiling").exists()  # the choice is a tuning record, not a kernel file
+    # one tuning record per timed choice point (the shipped ones, and the kernels of GEMM variants
+    # that lost), kernels and GEMM steps alike, winner by name
+    records = [json.loads(p.read_text()) for p in (cache / "cpu" / "choices").glob("*.json")]
+    timed = [c for c in manifest["choices"] if c["timings_us"]]
+    recorded = {(r["id"], r["winner"], tuple(r["timings_us"])) for r in records}
+    assert timed and {(c["id"], c["winner"], tuple(c["timings_us"])) for c in timed} <= recorded
+    assert all(set(r) == {"id", "candidates", "winner", "timings_us", "contended"} for r in records)
 
 
 def test_device_limit_is_part_of_the_cache_key_and_bounds_block_dim(tmp_path):

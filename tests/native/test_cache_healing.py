@@ -52,14 +52,14 @@ def _damage(kind: str, folder: Path, so: Path) -> None:
         store = so.parent.parents[3] / "binaries"
         for source in store.glob("*/source.cpp"):
             source.write_text("garbage")
-    elif kind == "garbage optimize_tiling":
-        (folder / "optimize_tiling").write_text("not|a|tiling\n")
-        (folder / "timings.json").write_text("{not json")
+    elif kind == "garbage choice records":
+        for record in (so.parents[4] / "choices").glob("*.json"):
+            record.write_text("{not json")
 
 
 DAMAGE = ["truncated kernel.so", "empty kernel.so", "swapped kernel.so", "truncated wrapper.so",
           "empty wrapper.so", "swapped wrapper.so",
-          "garbage kernel.cpp", "garbage optimize_tiling"]
+          "garbage kernel.cpp", "garbage choice records"]
 
 
 def _cli_build(out: Path, cache_dir: Path, topn: int) -> subprocess.CompletedProcess:
@@ -85,7 +85,7 @@ def test_damaged_cache_is_rebuilt_and_ships_clean_files(tmp_path, kind, clean_ca
         _damage(kind, folder, so)
     result = _cli_build(tmp_path / "b", tmp_path / "cache", 2)  # no crash, no error
     assert result.returncode == 0, result.stderr
-    if kind == "garbage optimize_tiling":  # binaries intact: only the choice is made again
+    if kind == "garbage choice records":  # binaries intact: only the choice is made again
         assert "Autotune completed" in result.stderr and "candidates compiled" not in result.stderr
     if kind.endswith(".so"):
         assert "is damaged" in result.stderr and "moved to" in result.stderr

@@ -36,18 +36,8 @@ ALLOWED = {
     ("archive/layout.py", ".so"): "archive format 3's file names, mirrored into the CPU runtime's "
                                   "native/include/aotpack/archive_layout.h; per-backend names are a format change",
     ("archive/layout.py", ".cpp"): "as .so: the format's source file names",
-    ("ir/gemm.py", "MKL"): "GEMM variant docs; ir/gemm.py is being reworked into the choice abstraction "
-                           "(issue 46 item 3), whose variants the backend's gemm_menu already builds",
-    ("ir/gemm.py", "oneDNN"): "as MKL",
-    ("ir/gemm.py", "ISA"): "as MKL: why packed weights are not shipped",
-    ("ir/gemm.py", ".cpp"): "as MKL: model.cpp packs weights at load",
-    ("env.py", ".so"): "the registry documents the native runtime's variables, whose doc lines name model.so and "
-                       "libaotpack_runtime.so; the runtime is not behind a device interface yet",
-    ("env.py", ".cpp"): "as .so: AOTPACK_DEBUG's doc line names model.cpp",
-    ("env.py", "OpenMP"): "as .so: CXX's doc line says why g++ (libgomp, as torch)",
-    ("runtime/native.py", ".so"): "the native runtime's own shared library; the runtime is not behind a "
-                                  "device interface yet (issue 46 item 2, runtime part)",
-    ("commands/cli.py", "ISA"): "--target-isa is the CPU backend's flag; backends do not register flags yet",
+    ("runtime/native.py", ".so"): "the native runtime's own shared library (libaotpack_runtime.so), which "
+                                  "every host backend's archives load through; not a device binary",
 }
 
 
@@ -88,3 +78,16 @@ def test_the_patterns_catch_what_they_name():
         assert TERMS[term].search(NATIVE_PATH.sub("", text)), term
     assert not TERMS[".cpp"].search(NATIVE_PATH.sub("", "native/src/manifest.cpp's rule"))
     assert not TERMS["ISA"].search("target_isa")  # the manifest key and setting are names, not prose
+
+
+def test_backends_register_their_own_build_flags():
+    """``--target-isa`` is the CPU backend's flag (``Backend.build_options``): the build
+    command has it, its value reaches the settings, and other commands skip importing backends."""
+    from aotpack import backends
+    from aotpack.commands import cli
+
+    args = cli._parser().parse_args(["build", "m.py", "--target-isa", "x86-64-v3"])
+    assert backends.settings_from(args) == {"target_isa": "x86-64-v3"}
+    assert backends.settings_from(cli._parser().parse_args(["build", "m.py"])) == {"target_isa": None}
+    assert cli._builds(["-q", "build", "m.py"]) and not cli._builds(["inspect", "build"])
+    assert not hasattr(cli._parser(backend_flags=False).parse_args(["build", "m.py"]), "target_isa")

@@ -6,7 +6,6 @@ import pytest
 
 from aotpack.backends.cpu.device import CpuDevice
 from aotpack.tune import timing
-from aotpack.tune.cache import KernelFolder
 from aotpack.tune.timing import Timing, decide, measure
 
 
@@ -222,20 +221,6 @@ def test_run_delay_probe_reads_a_monotonic_wait():
         probe.close()
 
 
-class _Candidate:
-    def __init__(self, name):
-        self.kernel_key, self.optimize_tiling = name * 4, f"{name}|0|1"
-
-
-def test_contended_flag_survives_the_cache(tmp_path):
-    folder = KernelFolder(tmp_path)
-    candidates = [_Candidate("a"), _Candidate("b")]
-    folder.write_choice(candidates, 1, [2.5, 1.25], contended=True)
-    assert folder.read_choice(candidates) == (1, [2.5, 1.25], True)
-    folder.write_choice(candidates, 0, [1.0, 2.0])
-    assert folder.read_choice(candidates) == (0, [1.0, 2.0], False)
-
-
 def test_a_preempted_sample_stops_early_and_counts_its_launches():
     """10 us launches: 5 per sample. The first timed launch loses a 20 ms slice: its
     sample stops after that launch (20x its expected 50 us) instead of running 4 more."""
@@ -270,16 +255,6 @@ def test_waited_time_is_recorded_per_launch():
     result, _ = run({"a": [(10.0, 4.0)] * 500, "b": clean(10, 500)})
     assert result.waited_us[0][0] == pytest.approx(4.0) and result.clean[0][0] is False
     assert result.waited_us[1][0] == 0.0 and result.clean[1][0] is True
-
-
-def test_a_choice_made_for_other_sources_is_not_replayed(tmp_path):
-    folder = KernelFolder(tmp_path)
-    candidates = [_Candidate("a"), _Candidate("b")]
-    folder.write_choice(candidates, 1, [2.5, 1.25], sources=("int f();", "int g();"))
-    assert folder.read_choice(candidates, ("int f();", "int g();")) == (1, [2.5, 1.25], False)
-    # same kernel_keys, a changed template (or math header): timed again
-    assert folder.read_choice(candidates, ("int f();", "int h();")) is None
-    assert folder.read_choice(candidates) is None
 
 
 def test_a_two_thread_candidate_that_did_not_scale_gets_a_second_look_after_a_pause():

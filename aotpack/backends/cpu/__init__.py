@@ -67,6 +67,18 @@ class CpuBackend(Backend):
     def __init__(self):
         self._device = CpuDevice()
 
+    @classmethod
+    def build_options(cls, parser) -> None:
+        """``--target-isa``: the ``-march`` the kernels are compiled for (``toolchain.target_isa``)."""
+        parser.add_argument("--target-isa", default=None,
+                            help="target ISA the kernels are compiled for (default: native, this machine; "
+                                 "e.g. x86-64-v3)")
+
+    @classmethod
+    def settings_from(cls, args) -> dict:
+        """``target_isa`` from ``--target-isa`` (None: the default, native)."""
+        return {"target_isa": getattr(args, "target_isa", None)}
+
     def device(self) -> CpuDevice:
         """This machine's CPU (``device.CpuDevice``)."""
         return self._device
@@ -184,3 +196,7 @@ class CpuBackend(Backend):
 def create() -> CpuBackend:
     """The registry's factory."""
     return CpuBackend()
+
+
+#: The class the registry asks for the backend's build flags (``Backend.build_options``).
+BACKEND = CpuBackend

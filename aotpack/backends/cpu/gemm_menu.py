@@ -4,7 +4,16 @@
 The ATen variant is the match lowered as aotpack always did; the others reuse its buffers:
 ``mkl`` writes the ATen call's result buffer and runs the same epilogue kernel, ``onednn``
 writes the epilogue's output buffer directly (post-ops); aotpack's own templates (GEMM,
-direct, depthwise and Winograd convolution) come from ``lower.gemm_lowering``.
+direct, depthwise and Winograd convolution) come from ``lower.gemm_lowering``:
+
+* ``mkl`` (linear, where torch has MKL): ``mkl::_mkl_linear`` on an MKL-packed weight,
+  then the same epilogue kernel as ``aten``;
+* ``onednn``: ``mkldnn::_linear_pointwise`` / ``_convolution_pointwise`` on a oneDNN
+  blocked weight, the bias and epilogue fused as post-ops (``.binary`` for a residual).
+
+Their packed weights are blocked layouts oneDNN/MKL choose for the CPU they run on (its
+ISA): the archive ships the dense weight and model.cpp packs it at load with the op the
+build used. The GEMM template's panels are aotpack's own layout, packed at build time.
 
 A convolution offers the ATen variant only when none of aotpack's own kernels (direct,
 depthwise, Winograd) applies. ATen runs the same oneDNN convolution as the ``onednn``

@@ -2,7 +2,8 @@
 
 Static kernels use OpenMP (``num_threads(block_dim)``) and only OpenMP <= 5.0
 features: torch ships its own ``libgomp.so.1``, which every kernel then shares (never
-load a second libgomp by path: two runtimes oversubscribe the cores). The target ISA
+load a second libgomp by path: two runtimes oversubscribe the cores). So ``$CXX`` (default
+g++) must emit GCC's OpenMP ABI (``KERNEL_LIBS``), as torch's own build does. The target ISA
 (``-march``) is a build option; what it resolves to, and every CPU feature it turns on,
 is recorded in the manifest and checked by the runtime at load.
 """
