@@ -2,7 +2,7 @@
 
 tests/native_fixture/workspace_kernel.cpp declares 4096 workspace bytes, fills every byte
 and reports what it received. It is launched through a wrapper rendered from
-backends/cpu/templates/cpu_wrapper.cpp.j2, first from Python (aotpack.backends.cpu.launch_abi), then
+backends/cpu/templates/cpu_wrapper.cpp.j2, first from Python (aotpack.backends.host.launch_abi), then
 from a model.so rendered from backends/cpu/templates/model.cpp.j2 inside an archive run by aotpack-run:
 both callers must allocate the workspace the wrapper's TilingInfo declares.
 """
@@ -22,7 +22,8 @@ import pytest
 from aotpack import env
 from aotpack.archive import layout
 from aotpack.backends.cpu import cpp_wrapper
-from aotpack.backends.cpu import launch_abi, wrapper_slot
+from aotpack.backends.cpu import wrapper_slot
+from aotpack.backends.host import launch_abi
 from aotpack.errors import AotpackError
 from aotpack.backends.cpu.templating import render
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import aotpack
-from aotpack.backends.cpu import binaries as file_checks
+from aotpack.backends.host import binaries as file_checks
 from aotpack.archive import layout
 from aotpack.runtime import c_api, loader
 from aotpack.errors import AotpackError

@@ -1,4 +1,4 @@
-"""The kernel launch ABI is defined once (``aotpack.backends.cpu.kernel_abi``) and every copy is
+"""The kernel launch ABI is defined once (``aotpack.backends.host.kernel_abi``) and every copy is
 generated from it: the documented C header (checked in), the declarations generated kernels
 inline (they compile without -I), the ctypes mirror, and the version numbers the Python side
 records."""
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 
-from aotpack.backends.cpu import cpp_wrapper, kernel_abi, launch_abi, templating
+from aotpack.backends.cpu import cpp_wrapper, templating
+from aotpack.backends.host import kernel_abi, launch_abi
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,11 +38,11 @@ def struct_fields(name: str) -> list[str]:
 def test_checked_in_header_is_the_generated_one():
     assert HEADER.read_text() == kernel_abi.header(), (
         "native/include/aotpack/kernel_abi.h is stale: run "
-        "python -m aotpack.backends.cpu.kernel_abi --header > native/include/aotpack/kernel_abi.h")
+        "python -m aotpack.backends.host.kernel_abi --header > native/include/aotpack/kernel_abi.h")
 
 
 def test_the_command_prints_the_header():
-    done = subprocess.run([sys.executable, "-m", "aotpack.backends.cpu.kernel_abi", "--header"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "aotpack.backends.host.kernel_abi", "--header"], cwd=REPO,
                           capture_output=True, text=True, check=True)
     assert done.stdout == kernel_abi.header()
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from aotpack import leftovers
 from aotpack.tune import cache
 from aotpack.backends.base import Backend, Limits
-from aotpack.backends.cpu import (attention_template, binaries, bmm_template, conv_template, cost_model, cpp_wrapper,
+from aotpack.backends.cpu import (attention_template, bmm_template, conv_template, cost_model, cpp_wrapper,
                                   depthwise_template, gemm_menu, gemm_template, templating, tiling, winograd_template,
                                   wrapper_slot)
+from aotpack.backends.host import binaries
 from aotpack.backends.cpu.device import CpuDevice
 from aotpack.backends.cpu.formulas import C_TYPES
 from aotpack.backends.cpu import weights

@@ -10,7 +10,7 @@ import ctypes
 from pathlib import Path
 
 from aotpack.backends.base import Launcher
-from aotpack.backends.cpu.launch_abi import WrapperLauncher
+from aotpack.backends.host.launch_abi import WrapperLauncher
 from aotpack.errors import AotpackError
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aotpack.backends.cpu import kernel_abi
+from aotpack.backends.host import kernel_abi
 from aotpack.codegen.render import render_from
 
 #: Folder of the CPU backend's ``*.j2`` templates.

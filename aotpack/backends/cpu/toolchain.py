@@ -20,7 +20,8 @@ from pathlib import Path
 from aotpack import env, leftovers
 from aotpack.tune import cache
 from aotpack.backends.base import Toolchain
-from aotpack.backends.cpu import binaries, wrapper_slot
+from aotpack.backends.cpu import wrapper_slot
+from aotpack.backends.host import binaries
 from aotpack.errors import AotpackError
 from aotpack.codegen.render import include_dir
 

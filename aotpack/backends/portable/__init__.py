@@ -6,11 +6,11 @@ compiler's auto-vectoriser only. No template kernels: a matched GEMM, convolutio
 attention block runs as its ATen call(s). It is the numerics reference for the CPU backend and
 the starting point for targets without x86 SIMD.
 
-What it shares with the CPU backend, because the native runtime loads both the same way (host
-ELF shared objects behind the model ABI and the kernel ABI): the kernel ABI's declarations and
-ctypes mirror (``cpu.kernel_abi``, ``cpu.launch_abi``), the ELF check (``cpu.binaries``) and the
-host CppWrapper (``cpu.cpp_wrapper``: model.cpp, which only launches kernels through their
-wrappers and calls ATen through the host table).
+The native runtime loads it as it loads the CPU backend (host ELF shared objects behind the
+model ABI and the kernel ABI), so it uses what ``backends/host`` holds for both: the kernel ABI's
+declarations and ctypes launcher, and the ELF check. The host CppWrapper (model.cpp, which only
+launches kernels through their wrappers and calls ATen through the host table) is still the CPU
+backend's ``cpp_wrapper``: it also emits the CPU's GEMM panel packing for tied weights.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aotpack.backends.base import Backend, Candidate, Device, Launcher
-from aotpack.backends.cpu import binaries, cpp_wrapper, kernel_abi
-from aotpack.backends.cpu.launch_abi import WrapperLauncher
+from aotpack.backends.cpu import cpp_wrapper
+from aotpack.backends.host import binaries, kernel_abi
+from aotpack.backends.host.launch_abi import WrapperLauncher
 from aotpack.backends.portable import c_kernel
 from aotpack.backends.portable.c_formulas import C_TYPES
 from aotpack.backends.portable.toolchain import PortableToolchain, default_march

@@ -21,7 +21,7 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotpack.backends.cpu import kernel_abi
+from aotpack.backends.host import kernel_abi
 from aotpack.errors import AotpackError
 
 #: Kernel ABI this launcher speaks (AOTPACK_KERNEL_ABI_VERSION_MAJOR/_MINOR). MAJOR =
