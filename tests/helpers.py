@@ -38,6 +38,22 @@ BUILD_HINT = (
 )
 
 
+#: What each template epilogue computes, as eager does it (y: the template's result, r: the
+#: residual), by the names of ``aotpack.ir.epilogues``.
+EAGER_EPILOGUES = {
+    "none": lambda y, r: y,
+    "relu": lambda y, r: torch.nn.functional.relu(y),
+    "gelu": lambda y, r: torch.nn.functional.gelu(y),
+    "tanh": lambda y, r: torch.tanh(y),
+    "sigmoid": lambda y, r: torch.sigmoid(y),
+    "swish": lambda y, r: torch.nn.functional.silu(y),
+    "hardswish": lambda y, r: torch.nn.functional.hardswish(y),
+    "hardsigmoid": lambda y, r: torch.nn.functional.hardsigmoid(y),
+    "add": lambda y, r: y + r,
+    "add_relu": lambda y, r: torch.nn.functional.relu(y + r),
+}
+
+
 def _load_fixture_module():
     path = REPO / "tests" / "native_fixture" / "make_fixture.py"
     spec = importlib.util.spec_from_file_location("aotpack_native_fixture", path)

@@ -10,8 +10,7 @@ import json
 import re
 
 from aotpack.archive import layout
-from aotpack import backends
-from aotpack.backends import DEFAULT as RUNTIME_BACKEND  # whose target keys the runtime parses
+from aotpack.backends.host.binaries import HostBinaries
 from aotpack.errors import AotpackError
 
 FORMAT_VERSION = layout.FORMAT_VERSION
@@ -22,6 +21,10 @@ WEIGHTS = layout.WEIGHTS_PATH
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
+
+#: How the runtime reads the archive of every backend in ``layout.HOST_BACKENDS`` (its device
+#: registry maps them all to the CPU device): binaries, their check, the target keys.
+HOST_RULES = HostBinaries()
 
 def check_entry_path(path: str) -> None:
     """Raise unless ``path`` is a plain relative path (same rule as the runtime's
@@ -263,7 +266,7 @@ def validate(doc: dict) -> dict:
     _str(doc, "torch_version", "")
     _str(doc, "backend", "")
     # the runtime parses one form of target keys (target_isa) on every manifest, whichever host backend
-    backends.get(RUNTIME_BACKEND).check_target(doc, FIELDS)
+    HOST_RULES.check_target(doc, FIELDS)
     if "device_limit" in doc:
         _int(doc, "device_limit", "")
     model = _obj(doc, "model", "")

@@ -19,7 +19,7 @@ from typing import Callable
 
 import zstandard
 
-from aotpack import backends, env
+from aotpack import env
 from aotpack.archive import file_checks
 from aotpack.archive import layout
 from aotpack.archive import manifest_rules
@@ -326,7 +326,7 @@ def _stream(tar: tarfile.TarFile, member: tarfile.TarInfo, spool) -> str:
 def _content_checked(name: str, manifest: dict) -> bool:
     """Whether rule 6 reads the file's contents: the backend's binaries (and model.library,
     whatever its name: it is loaded) and safetensors files (weights, self-test)."""
-    suffix = backends.get(manifest["backend"]).binary_suffix
+    suffix = manifest_rules.HOST_RULES.binary_suffix
     return name.endswith((suffix, ".safetensors")) or name == manifest["model"]["library"]
 
 
@@ -335,10 +335,10 @@ def _check_contents(manifest: dict, spools: dict) -> None:
     native/src/model.cpp make_constants): the manifest backend's binary checks, safetensors
     files, the constants."""
     library = manifest["model"]["library"]
-    backend = backends.get(manifest["backend"])
+    rules = manifest_rules.HOST_RULES
     for name in sorted(spools):
-        if name.endswith(backend.binary_suffix) or name == library:
-            backend.check_binary(spools[name], name)
+        if name.endswith(rules.binary_suffix) or name == library:
+            rules.check_binary(spools[name], name)
     views = {name: file_checks.read_safetensors(spools[name], name)
              for name in sorted(spools) if name.endswith(".safetensors")}
     if manifest["constants"]:

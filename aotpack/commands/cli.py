@@ -153,12 +153,13 @@ def _run(args) -> int:
 
 
 def _target(manifest: dict) -> str:
-    """The manifest's backend's phrase for its target (``target ?`` for a backend not here)."""
-    from aotpack import backends
+    """The phrase for the manifest's target (``target ?`` where it has none), as the runtime
+    reads every host backend's target keys (``manifest_rules.HOST_RULES``)."""
+    from aotpack.archive import manifest_rules
 
     try:
-        return backends.get(manifest["backend"]).describe_target(manifest)
-    except (AotpackError, KeyError, AttributeError):
+        return manifest_rules.HOST_RULES.describe_target(manifest)
+    except (KeyError, AttributeError):
         return "target ?"
 
 

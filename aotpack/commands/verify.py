@@ -19,8 +19,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from aotpack import backends
-from aotpack.archive import reader
+from aotpack.archive import manifest_rules, reader
 from aotpack.archive import signing
 from aotpack.errors import AotpackError
 from aotpack.runtime.native import find_runtime_library
@@ -72,7 +71,7 @@ def verify(archive: str | Path, run: bool = False, trusted_keys: list[str] | Non
     report = reader.check(archive, trusted_keys=keys, keep=wanted.__contains__)
     manifest = report.manifest
     lines = [f"files: {report.files} entries match their sha256, the manifest its digest, "
-             f"{backends.get(manifest['backend']).binary_check_phrase}"]
+             f"{manifest_rules.HOST_RULES.binary_check_phrase}"]
     if keys:  # reader.check verified it; this names the key, as aotpack-run -v does
         path, fingerprint = signing.verify_bytes(report.manifest_text, report.signature, keys)
         lines.append(f"signature: valid, key {path} (sha256 {fingerprint})")

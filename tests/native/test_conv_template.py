@@ -28,22 +28,11 @@ from aotpack.frontend.export import export_model, load_model_file
 from aotpack.ir.graph import Buffer, contiguous_strides
 from aotpack.ir.template_kernels import ConvKernel
 from aotpack.backends.cpu.weights import GEMM_PANEL, pack_panels, pad_bias
-from helpers import MODELS, assert_native_parity, compile_tilings, fixed_timing
+from helpers import EAGER_EPILOGUES, MODELS, assert_native_parity, compile_tilings, fixed_timing
 
 BLOCK = MODELS / "conv_bn_block.py"
 ATOL, RTOL = 1e-5, 1e-4
 
-EPILOGUES = {
-    "none": lambda y, r: y,
-    "relu": lambda y, r: F.relu(y),
-    "tanh": lambda y, r: torch.tanh(y),
-    "sigmoid": lambda y, r: torch.sigmoid(y),
-    "swish": lambda y, r: F.silu(y),
-    "add": lambda y, r: y + r,
-    "add_relu": lambda y, r: F.relu(y + r),
-    "hardswish": lambda y, r: F.hardswish(y),
-    "hardsigmoid": lambda y, r: F.hardsigmoid(y),
-}
 
 
 def _buffer(name: str, shape: tuple) -> Buffer:
@@ -308,7 +297,7 @@ def assert_every_tiling_matches(kernel, tilings, tensors, y, generator, r_offset
         r_store = torch.randn(kernel.inputs[-1].shape, generator=generator)
         residual = r_store[r_offset:].view(y.shape)
         tensors = tensors + [r_store]
-    expected = EPILOGUES[kernel.epilogue](y, residual)
+    expected = EAGER_EPILOGUES[kernel.epilogue](y, residual)
     launcher = compile_tilings(kernel, tilings, folder)
     for tiling in tilings:
         out = torch.full(expected.shape, float("nan"))

@@ -22,23 +22,12 @@ from aotpack.ir.graph import Buffer, contiguous_strides
 from aotpack.build import build
 from aotpack.ir.template_kernels import GemmKernel
 from aotpack.backends.cpu.weights import GEMM_PANEL, pack_panels, pad_bias
-from helpers import MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
+from helpers import EAGER_EPILOGUES, MODELS, SAMPLES, assert_native_parity, compile_tilings, fixed_timing
 
 TIED = MODELS / "tied_weights.py"
 
 ATOL, RTOL = 1e-5, 1e-4
 
-EPILOGUES = {
-    "none": lambda y, r: y,
-    "relu": lambda y, r: F.relu(y),
-    "gelu": lambda y, r: F.gelu(y),
-    "tanh": lambda y, r: torch.tanh(y),
-    "sigmoid": lambda y, r: torch.sigmoid(y),
-    "swish": lambda y, r: F.silu(y),
-    "hardswish": lambda y, r: F.hardswish(y),
-    "hardsigmoid": lambda y, r: F.hardsigmoid(y),
-    "add": lambda y, r: y + r,
-}
 
 
 def _buffer(name: str, shape: tuple) -> Buffer:
@@ -184,7 +173,7 @@ def test_every_tiling_matches_torch(case, tmp_path):
         r_store = torch.randn(kernel.inputs[-1].shape, generator=generator)
         residual = r_store[1:].view(m, n + r_pad)[:, :n]
         tensors.append(r_store)
-    expected = EPILOGUES[epilogue](F.linear(a, weight, bias), residual)
+    expected = EAGER_EPILOGUES[epilogue](F.linear(a, weight, bias), residual)
     tilings = _tilings(kernel)
     launcher = compile_tilings(kernel, tilings, tmp_path)
     for tiling in tilings:

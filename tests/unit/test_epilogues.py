@@ -10,20 +10,8 @@ from aotpack.backends.cpu.formulas import formula, inline
 from aotpack.ir.epilogues import (ACCUMULATOR, CONV_EPILOGUES, DEPTHWISE_EPILOGUES, GEMM_EPILOGUES, RESIDUAL,
                                   eager_text)
 from aotpack.ir.kernel import Const, Load, Op, children
+from helpers import EAGER_EPILOGUES
 
-#: What each epilogue computes, as eager does it (y: the template's result, r: the residual).
-EAGER = {
-    "none": lambda y, r: y,
-    "relu": lambda y, r: F.relu(y),
-    "gelu": lambda y, r: F.gelu(y),
-    "tanh": lambda y, r: torch.tanh(y),
-    "sigmoid": lambda y, r: torch.sigmoid(y),
-    "swish": lambda y, r: F.silu(y),
-    "hardswish": lambda y, r: F.hardswish(y),
-    "hardsigmoid": lambda y, r: F.hardsigmoid(y),
-    "add": lambda y, r: y + r,
-    "add_relu": lambda y, r: F.relu(y + r),
-}
 
 #: The printed forms kernels have always had: a template kernel's ``kernel_id`` hashes them.
 PRINTED = {
@@ -57,7 +45,7 @@ def test_every_epilogue_expression_computes_what_eager_does_nan_and_inf_included
     r = torch.randn_like(y)
     for table in (GEMM_EPILOGUES, CONV_EPILOGUES, DEPTHWISE_EPILOGUES):
         for name, epilogue in table.items():
-            got, want = _evaluate(epilogue.expr, y, r), EAGER[name](y, r)
+            got, want = _evaluate(epilogue.expr, y, r), EAGER_EPILOGUES[name](y, r)
             torch.testing.assert_close(got, want, equal_nan=True, msg=name)
 
 

@@ -51,15 +51,13 @@ TEMPLATES = {GemmKernel: gemm_template, ConvKernel: conv_template, DepthwiseConv
 RANKED_BY_ESTIMATE = (GemmKernel, ConvKernel, BmmKernel, WinogradConvKernel)
 
 
-class CpuBackend(Backend):
+class CpuBackend(binaries.HostBinaries, Backend):
     """Static C++/OpenMP kernels for the build machine's CPU family."""
 
     name = "cpu"
     dtypes = frozenset(C_TYPES)
     model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
-    binary_suffix = binaries.BINARY_SUFFIX
     source_suffix = binaries.SOURCE_SUFFIX
-    binary_check_phrase = "every .so passes the ELF check"
     #: ~0.7 us of recomputation at 8 float lanes a cycle and 3 GHz (an estimate), less than the
     #: ~2.2 us the runtime spends on its smallest kernel (Model::run of x + 1 on 4x4, measured).
     recompute_budget = 16384
@@ -83,26 +81,6 @@ class CpuBackend(Backend):
     def device(self) -> CpuDevice:
         """This machine's CPU (``device.CpuDevice``)."""
         return self._device
-
-    def check_binary(self, handle, label: str) -> None:
-        """The runtime's ELF check before dlopen (``binaries.check_elf``)."""
-        binaries.check_elf(handle, label)
-
-    def manifest_target(self, target: dict) -> dict:
-        """``{"target_isa": target}``."""
-        return {"target_isa": target}
-
-    def check_target(self, doc: dict, fields) -> None:
-        """``target_isa``: an object with an optional ``march`` string and a ``features`` list
-        of strings (the runtime's parse_manifest, same order)."""
-        isa = fields.obj(doc, "target_isa", "")
-        if "march" in isa:
-            fields.str(isa, "march", "target_isa")
-        fields.strings(isa, "features", "target_isa")
-
-    def describe_target(self, doc: dict) -> str:
-        """``target ISA <march>``."""
-        return f"target ISA {doc['target_isa'].get('march', '?')}"
 
     def gemm_variants(self, lw, match, operands) -> list | None:
         """``gemm_menu.variants``: ATen, MKL and oneDNN calls beside aotpack's templates."""

@@ -22,6 +22,7 @@ from aotpack.tune import cache
 from aotpack.backends.base import Toolchain
 from aotpack.backends.cpu import wrapper_slot
 from aotpack.backends.host import binaries
+from aotpack.backends.host import compiler as host_compiler
 from aotpack.errors import AotpackError
 from aotpack.codegen.render import include_dir
 
@@ -84,19 +85,13 @@ ISA_MACROS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
 def compiler_version() -> str:
     """First line of ``$CXX --version`` (part of every cache key).
 
     Raises:
         AotpackError: no working C++ compiler.
     """
-    try:
-        out = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise AotpackError(f"C++ compiler '{CXX}' not found or broken ({exc}); install g++ "
-                           "(apt-get install g++) or set CXX") from exc
-    return out.splitlines()[0]
+    return host_compiler.compiler_version(CXX, "C++ compiler", "install g++ (apt-get install g++) or set CXX")
 
 
 @functools.lru_cache(maxsize=None)

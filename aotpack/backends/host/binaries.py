@@ -93,3 +93,36 @@ def check_elf(handle: BinaryIO, label: str) -> None:
             bad(f"section {i} lies outside the file (truncated?)")
 
 
+
+
+class HostBinaries:
+    """The Backend hooks every backend of host ELF shared objects answers alike (mixed in
+    before ``Backend``): the binaries' suffix and ELF check, and the manifest's
+    ``target_isa`` object (``{"march"?, "features"}``, which the runtime's parse_manifest
+    reads for both). The archive reader, ``verify`` and ``inspect`` read every
+    ``layout.HOST_BACKENDS`` archive by these rules (``manifest_rules.HOST_RULES``), as the
+    runtime's device registry maps those names to its CPU device, so reading an archive
+    creates no backend (and imports no torch)."""
+
+    binary_suffix = BINARY_SUFFIX
+    binary_check_phrase = "every .so passes the ELF check"
+
+    def check_binary(self, handle, label: str) -> None:
+        """The runtime's ELF check before dlopen (``check_elf``)."""
+        check_elf(handle, label)
+
+    def manifest_target(self, target: dict) -> dict:
+        """``{"target_isa": target}``."""
+        return {"target_isa": target}
+
+    def describe_target(self, doc: dict) -> str:
+        """``target ISA <march>`` (``aotpack inspect``)."""
+        return f"target ISA {doc['target_isa'].get('march', '?')}"
+
+    def check_target(self, doc: dict, fields) -> None:
+        """``target_isa``: an object with an optional ``march`` string and a ``features`` list
+        of strings (the runtime's parse_manifest, same order)."""
+        isa = fields.obj(doc, "target_isa", "")
+        if "march" in isa:
+            fields.str(isa, "march", "target_isa")
+        fields.strings(isa, "features", "target_isa")

@@ -90,15 +90,13 @@ class PortableLauncher(Launcher):
         self.abi.release(keep_kernel_key)
 
 
-class PortableBackend(Backend):
+class PortableBackend(binaries.HostBinaries, Backend):
     """Plain C99 kernels, one thread each, for the build machine's architecture."""
 
     name = "portable"
     dtypes = frozenset(C_TYPES)
     model_abi_version = cpp_wrapper.MODEL_ABI_VERSION
-    binary_suffix = binaries.BINARY_SUFFIX
     source_suffix = ".c"
-    binary_check_phrase = "every .so passes the ELF check"
     #: a scalar loop recomputes slower than the vectorised CPU kernels: half their budget
     recompute_budget = 8192
 
@@ -107,25 +105,6 @@ class PortableBackend(Backend):
 
     def device(self) -> HostDevice:
         return self._device
-
-    def check_binary(self, handle, label: str) -> None:
-        """The runtime's ELF check before dlopen."""
-        binaries.check_elf(handle, label)
-
-    def manifest_target(self, target: dict) -> dict:
-        """``{"target_isa": target}`` (the runtime reads ``march`` and ``features`` there)."""
-        return {"target_isa": target}
-
-    def check_target(self, doc: dict, fields) -> None:
-        """``target_isa``: an object with an optional ``march`` and a ``features`` list."""
-        isa = fields.obj(doc, "target_isa", "")
-        if "march" in isa:
-            fields.str(isa, "march", "target_isa")
-        fields.strings(isa, "features", "target_isa")
-
-    def describe_target(self, doc: dict) -> str:
-        """``portable C for <march>`` (the compiler's default target of the build machine)."""
-        return f"portable C for {doc['target_isa'].get('march', '?')}"
 
     def solve(self, kernel, limits, count: int) -> list:
         """The one ``RowLoops`` candidate.
@@ -162,7 +141,7 @@ class PortableBackend(Backend):
         """model.so of ``source``, from the build cache's source-keyed store when present."""
         toolchain = self.toolchain(settings)
         store = cache.BinaryStore(settings.cache_dir / self.name / "models", toolchain.model_fingerprint(),
-                                  self.binary_suffix, ".cpp")
+                                  self.binary_suffix, binaries.SOURCE_SUFFIX)
         out = workdir / "model.so"
         start = time.perf_counter()
         with cache.locked([store.path(source).parent]):

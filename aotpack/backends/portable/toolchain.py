@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aotpack import env, leftovers
 from aotpack.backends.base import Toolchain
+from aotpack.backends.host import compiler as host_compiler
 from aotpack.codegen.render import include_dir
 from aotpack.errors import AotpackError
 
@@ -32,19 +33,13 @@ MODEL_LIBS = ["-ldl"]
 COMPILE_TIMEOUT_S = 300
 
 
-@functools.lru_cache(maxsize=None)
 def compiler_version(compiler: str) -> str:
     """First line of ``<compiler> --version`` (part of every cache key).
 
     Raises:
         AotpackError: the compiler is missing or broken.
     """
-    try:
-        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise AotpackError(f"compiler '{compiler}' not found or broken ({exc}); install gcc and g++ "
-                           "(apt-get install build-essential)") from exc
-    return out.splitlines()[0]
+    return host_compiler.compiler_version(compiler, "compiler", "install gcc and g++ (apt-get install build-essential)")
 
 
 @functools.lru_cache(maxsize=1)
